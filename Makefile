@@ -1,0 +1,54 @@
+# abnconvert. `make demo` converts a bundled fixture; `make test` runs every test.
+GO      ?= go
+PYTHON  ?= /usr/bin/python3
+BIN     := bin/abnconvert
+VERSION := $(shell git describe --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -X github.com/abnconvert/abnconvert/command.Version=$(VERSION)
+
+.PHONY: build demo test gotest pytest interop interop-big deps fixtures bench clean
+
+build:
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/abnconvert
+
+# The main job on a bundled example: convert a small ResNeXt-layout checkpoint
+# made by real torchvision, with its Python module and report.
+demo: build
+	@mkdir -p out
+	$(BIN) --input fixtures/testdata/tiny_resnext.pth --output out/tiny_resnext_abn.pth \
+		--emit-module out/tiny_resnext_abn.py --report out/tiny_resnext_report.json --force
+
+# Everything: Go unit and golden tests, the stand-in's tests against autograd,
+# and the interop test (real PyTorch loads and reproduces what Go wrote).
+test: deps build gotest pytest interop
+
+gotest:
+	$(GO) vet ./...
+	$(GO) test ./...
+
+pytest:
+	$(PYTHON) fixtures/test_standin.py
+
+interop: build
+	$(PYTHON) fixtures/interop.py --bin $(BIN)
+
+# The torchvision networks of the conversion issue (resnet50, densenet121,
+# resnext50_32x4d, wide_resnet50_2, vgg16_bn), generated on the fly.
+interop-big: build
+	$(PYTHON) fixtures/interop.py --bin $(BIN) --big
+
+# Real PyTorch for fixtures and interop tests (Debian's packages; root).
+deps:
+	@$(PYTHON) -c 'import torch, torchvision' 2>/dev/null || { \
+		echo "installing Debian's python3-torch, python3-torchvision, python3-onnx (about 2 minutes)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+			python3-torch python3-torchvision python3-onnx >/dev/null; }
+
+fixtures:
+	$(PYTHON) fixtures/models.py
+	$(PYTHON) fixtures/formats.py
+
+bench: build
+	bash bench/convert.sh
+
+clean:
+	rm -rf bin out

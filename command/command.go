@@ -1,0 +1,223 @@
+// Package command is abnconvert's command-line interface: flags, help text,
+// output formats and exit codes. The work itself is in package convert.
+package command
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/abnconvert/abnconvert/convert"
+)
+
+// Exit codes that scripts can rely on.
+const (
+	ExitOK       = 0
+	ExitMismatch = 1 // verify: the conversion changed the outputs
+	ExitBadInput = 2 // bad input, bad usage, or a refused conversion
+	ExitInternal = 3 // a bug in abnconvert
+)
+
+// Version is set at build time with -ldflags "-X .../command.Version=...".
+var Version = "dev"
+
+// usageError marks errors that are the caller's, to exit 2.
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+// Main runs the command line and returns the process exit code. It never
+// panics: a panic is a bug and is reported as one, with exit code 3.
+func Main(args []string, stdout, stderr io.Writer) (code int) {
+	defer func() {
+		if r := recover(); r != nil {
+			fmt.Fprintf(stderr, "abnconvert: internal error (please report it): %v\n", r)
+			code = ExitInternal
+		}
+	}()
+	app := newApp(stdout, stderr)
+	err := app.Run(args)
+	if err == nil {
+		return ExitOK
+	}
+	var ec cli.ExitCoder
+	if errors.As(err, &ec) {
+		if msg := err.Error(); msg != "" {
+			fmt.Fprintln(stderr, "abnconvert: "+msg)
+		}
+		return ec.ExitCode()
+	}
+	fmt.Fprintln(stderr, "abnconvert: "+oneLine(err.Error()))
+	return ExitBadInput
+}
+
+func oneLine(s string) string { return strings.ReplaceAll(strings.TrimSpace(s), "\n", "; ") }
+
+func newApp(stdout, stderr io.Writer) *cli.App {
+	app := &cli.App{
+		Name:    "abnconvert",
+		Usage:   "rewrite BatchNorm + activation into InPlace-ABN to cut training memory",
+		Version: Version,
+		UsageText: "abnconvert --input model.pth --output model_abn.pth [--emit-module model_abn.py] [flags]\n" +
+			"abnconvert convert --input model.pth --output model_abn.pth [flags]\n" +
+			"abnconvert inspect model.pth",
+		Description: `abnconvert reads a trained PyTorch checkpoint (zip or legacy .pth; a state dict,
+possibly nested under "state_dict"/"model" and prefixed by "module."), recognises the
+torchvision architecture from its keys and shapes, and rewrites every BatchNorm followed
+by an activation (or by nothing, as before a residual add) into InPlace-ABN
+(Rota Bulo et al., CVPR 2018), which keeps one tensor per layer for the backward pass
+instead of two. DenseNet dense layers are marked for shared-buffer recomputation
+(Pleiss et al., 2017). Nothing in the checkpoint is executed.
+
+The conversion is exact except where you choose otherwise: InPlace-ABN scales by
+|weight| + eps, so the stored weight becomes |gamma| - eps, and negative gammas are made
+exact by folding the sign into the convolution before them (or by an in-place sign flip,
+or, where neither works, the exact non-in-place ABN layer). InPlace-ABN cannot invert a
+plain ReLU, so BN + ReLU follows --relu: "leaky" (default) uses leaky_relu(--slope), as
+the InPlace-ABN authors trained, and CHANGES the outputs (fine-tune after converting);
+"abn" keeps ReLU exactly with the ABN layer (no in-place saving there); "error" refuses.
+
+Exit codes: 0 success, 1 verification found a difference, 2 bad input or usage
+(one line on stderr names the file and the problem), 3 internal error.
+
+Examples:
+  abnconvert --input resnet50.pth --output resnet50_abn.pth --emit-module resnet50_abn.py
+  abnconvert convert -i ckpt.pth -o ckpt_abn.pth --relu abn --report report.json
+  abnconvert inspect densenet121.pth`,
+		Flags:                  convertFlags(),
+		Action:                 rootAction,
+		Writer:                 stdout,
+		ErrWriter:              stderr,
+		HideHelpCommand:        true,
+		UseShortOptionHandling: true,
+		OnUsageError: func(c *cli.Context, err error, isSub bool) error {
+			return cli.Exit(fmt.Sprintf("%v (see abnconvert --help)", err), ExitBadInput)
+		},
+		ExitErrHandler: func(*cli.Context, error) {}, // Main decides; never os.Exit inside
+		Commands: []*cli.Command{
+			{
+				Name:      "convert",
+				Usage:     "convert a checkpoint (the same as the top-level flags)",
+				UsageText: "abnconvert convert --input IN --output OUT [flags]",
+				Flags:     convertFlags(),
+				Action:    convertAction,
+				OnUsageError: func(c *cli.Context, err error, isSub bool) error {
+					return cli.Exit(fmt.Sprintf("%v (see abnconvert convert --help)", err), ExitBadInput)
+				},
+			},
+			{
+				Name:      "inspect",
+				Usage:     "show what a checkpoint holds and what would convert, without writing anything",
+				UsageText: "abnconvert inspect [--arch NAME] [--relu POLICY] [--json] IN",
+				Flags: []cli.Flag{
+					archFlag(), reluFlag(), slopeFlag(),
+					&cli.BoolFlag{Name: "json", Usage: "print the inspection as JSON"},
+				},
+				Action: inspectAction,
+				OnUsageError: func(c *cli.Context, err error, isSub bool) error {
+					return cli.Exit(fmt.Sprintf("%v (see abnconvert inspect --help)", err), ExitBadInput)
+				},
+			},
+		},
+	}
+	return app
+}
+
+func archFlag() cli.Flag {
+	return &cli.StringFlag{Name: "arch", Value: "auto", Usage: "architecture: auto (recognise from keys and shapes) or a name such as resnet50, densenet121, vgg16_bn"}
+}
+
+func reluFlag() cli.Flag {
+	return &cli.StringFlag{Name: "relu", Value: "leaky", Usage: "BN + ReLU policy: leaky (InPlace-ABN leaky_relu(--slope); outputs change), abn (exact ABN relu, no in-place saving), error (refuse)"}
+}
+
+func slopeFlag() cli.Flag {
+	return &cli.Float64Flag{Name: "slope", Value: 0.01, Usage: "leaky_relu slope used by --relu leaky"}
+}
+
+func convertFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "input", Aliases: []string{"i"}, Usage: "checkpoint to convert (.pth/.pt, zip or legacy format)"},
+		&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Usage: "converted checkpoint to write (zip format, loads with torch.load(weights_only=True))"},
+		&cli.StringFlag{Name: "emit-module", Usage: "also write a Python file defining `class Model` (inplace_abn layers) that loads the output strictly"},
+		&cli.StringFlag{Name: "report", Usage: "also write the per-site report as JSON to this file"},
+		archFlag(), reluFlag(), slopeFlag(),
+		&cli.BoolFlag{Name: "sync", Usage: "use InPlaceABNSync (batch statistics across torch.distributed ranks)"},
+		&cli.BoolFlag{Name: "force", Aliases: []string{"f"}, Usage: "overwrite existing output files"},
+		&cli.BoolFlag{Name: "json", Usage: "print the report as JSON on stdout instead of a table"},
+		&cli.BoolFlag{Name: "quiet", Aliases: []string{"q"}, Usage: "no table and no progress; errors still go to stderr"},
+		&cli.StringFlag{Name: "dump-after", Usage: "print the IR after the named rewrite pass (to stderr), for debugging"},
+	}
+}
+
+func rootAction(c *cli.Context) error {
+	if !c.IsSet("input") && !c.IsSet("output") && c.NArg() == 0 {
+		return cli.ShowAppHelp(c)
+	}
+	return convertAction(c)
+}
+
+func convertAction(c *cli.Context) error {
+	if c.NArg() > 0 {
+		return cli.Exit(fmt.Sprintf("unexpected argument %q: give the checkpoint with --input (see --help)", c.Args().First()), ExitBadInput)
+	}
+	opt := convert.Options{
+		Input:      c.String("input"),
+		Output:     c.String("output"),
+		EmitModule: c.String("emit-module"),
+		ReportPath: c.String("report"),
+		Arch:       c.String("arch"),
+		ReLU:       c.String("relu"),
+		Slope:      c.Float64("slope"),
+		Sync:       c.Bool("sync"),
+		Force:      c.Bool("force"),
+		DumpAfter:  c.String("dump-after"),
+		Command:    strings.Join(os.Args, " "),
+	}
+	if opt.Input == "" || opt.Output == "" {
+		return cli.Exit("both --input and --output are required (see abnconvert convert --help)", ExitBadInput)
+	}
+	if opt.DumpAfter != "" {
+		opt.Dump = c.App.ErrWriter
+	}
+	if !c.Bool("quiet") {
+		opt.Progress = c.App.ErrWriter
+	}
+	res, err := convert.Run(opt)
+	if err != nil {
+		return cli.Exit(oneLine(err.Error()), ExitBadInput)
+	}
+	switch {
+	case c.Bool("json"):
+		enc := json.NewEncoder(c.App.Writer)
+		enc.SetIndent("", "  ")
+		return enc.Encode(res)
+	case !c.Bool("quiet"):
+		res.WriteTable(c.App.Writer)
+	}
+	return nil
+}
+
+func inspectAction(c *cli.Context) error {
+	if c.NArg() != 1 {
+		return cli.Exit("inspect takes one checkpoint path (see abnconvert inspect --help)", ExitBadInput)
+	}
+	ins, err := convert.Inspect(c.Args().First(), convert.Options{
+		Arch: c.String("arch"), ReLU: c.String("relu"), Slope: c.Float64("slope"),
+	})
+	if err != nil {
+		return cli.Exit(oneLine(err.Error()), ExitBadInput)
+	}
+	if c.Bool("json") {
+		enc := json.NewEncoder(c.App.Writer)
+		enc.SetIndent("", "  ")
+		return enc.Encode(ins)
+	}
+	ins.WriteText(c.App.Writer)
+	return nil
+}

@@ -1,0 +1,332 @@
+// Package convert is the conversion job: read a checkpoint, recognise its
+// architecture, run the rewrite pipeline, carry the optimizer state along,
+// and write the converted checkpoint, its Python module and its report,
+// all or nothing.
+package convert
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/abnconvert/abnconvert/arch"
+	"github.com/abnconvert/abnconvert/emit"
+	"github.com/abnconvert/abnconvert/pth"
+	"github.com/abnconvert/abnconvert/rewrite"
+)
+
+// Options are the conversion's inputs, one field per command-line flag.
+type Options struct {
+	Input      string
+	Output     string
+	EmitModule string // optional Python module path
+	ReportPath string // optional JSON report path
+	Arch       string // "auto" or a name
+	ReLU       string // leaky, abn, error
+	Slope      float64
+	Sync       bool
+	Force      bool
+	DumpAfter  string
+	Dump       io.Writer
+	Progress   io.Writer // nil: silent
+	Command    string    // the command line, recorded in the emitted module
+}
+
+// Result is what a conversion did; it is also the JSON the CLI prints.
+type Result struct {
+	Input     string          `json:"input"`
+	Output    string          `json:"output"`
+	Module    string          `json:"module,omitempty"`
+	Format    string          `json:"format"`
+	StatePath []string        `json:"state_path"`
+	Prefix    string          `json:"prefix,omitempty"`
+	Arch      string          `json:"arch"`
+	Family    string          `json:"family"`
+	ExactArch bool            `json:"arch_exact"`
+	Notes     []string        `json:"arch_notes,omitempty"`
+	Options   ReportOptions   `json:"options"`
+	Report    *rewrite.Report `json:"report"`
+	Warnings  []string        `json:"warnings"`
+	Seconds   float64         `json:"seconds"`
+}
+
+// ReportOptions records the flags that shaped the result.
+type ReportOptions struct {
+	ReLU  string  `json:"relu"`
+	Slope float64 `json:"slope"`
+	Sync  bool    `json:"sync"`
+}
+
+func (o *Options) defaults() {
+	if o.Arch == "" {
+		o.Arch = "auto"
+	}
+	if o.ReLU == "" {
+		o.ReLU = "leaky"
+	}
+	if o.Slope == 0 {
+		o.Slope = 0.01
+	}
+}
+
+func (o *Options) validate() error {
+	switch o.ReLU {
+	case "leaky", "abn", "error":
+	default:
+		return fmt.Errorf("--relu %q: want leaky, abn or error", o.ReLU)
+	}
+	if !(o.Slope > 0 && o.Slope < 1) {
+		return fmt.Errorf("--slope %g: InPlace-ABN inverts leaky_relu, so the slope must be in (0, 1)", o.Slope)
+	}
+	return nil
+}
+
+func (o *Options) progress(format string, args ...any) {
+	if o.Progress != nil {
+		fmt.Fprintf(o.Progress, format+"\n", args...)
+	}
+}
+
+// Run performs a conversion. Every error names the file it concerns; on
+// error no output file is left behind and the input is never modified.
+func Run(opt Options) (*Result, error) {
+	start := time.Now()
+	opt.defaults()
+	if err := opt.validate(); err != nil {
+		return nil, err
+	}
+	if err := checkPaths(opt); err != nil {
+		return nil, err
+	}
+	opt.progress("reading %s", opt.Input)
+	ck, err := pth.Open(opt.Input)
+	if err != nil {
+		return nil, err
+	}
+	defer ck.Close()
+
+	g, match, err := arch.Recognize(ck, opt.Arch)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", opt.Input, err)
+	}
+	opt.progress("recognised %s (%d nodes)", match.Arch, len(g.Nodes))
+
+	rep, err := rewrite.Run(g, ck, rewriteOptions(opt))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", opt.Input, err)
+	}
+	res := &Result{
+		Input: opt.Input, Output: opt.Output, Module: opt.EmitModule,
+		Format: string(ck.Format), StatePath: ck.StatePath, Prefix: ck.Prefix,
+		Arch: match.Arch, Family: match.Family, ExactArch: match.Exact, Notes: match.Notes,
+		Options: ReportOptions{ReLU: opt.ReLU, Slope: opt.Slope, Sync: opt.Sync},
+		Report:  rep,
+	}
+	res.Warnings = append(res.Warnings, rep.Warnings...)
+
+	changed := map[string]bool{}
+	for _, k := range rep.Changed {
+		changed[k] = true
+	}
+	warn, err := ck.TransformOptimizer(rep.Flips, changed)
+	if err != nil {
+		return nil, fmt.Errorf("%s: optimizer state: %w", opt.Input, err)
+	}
+	res.Warnings = append(res.Warnings, warn...)
+
+	// Everything that can fail on content is done before the first byte is
+	// written, so that a refused conversion leaves nothing behind.
+	var module []byte
+	if opt.EmitModule != "" {
+		module, err = emit.Python(g, emit.Options{Header: header(opt, match)})
+		if err != nil {
+			return nil, fmt.Errorf("%s: emitting the Python module: %w", opt.EmitModule, err)
+		}
+	}
+
+	opt.progress("writing %s", opt.Output)
+	if err := ck.Write(opt.Output, pth.WriteOptions{Force: opt.Force}); err != nil {
+		return nil, err
+	}
+	var written []string
+	written = append(written, opt.Output)
+	undo := func() {
+		for _, p := range written {
+			os.Remove(p)
+		}
+	}
+	if module != nil {
+		if err := writeFileAtomic(opt.EmitModule, module, opt.Force); err != nil {
+			undo()
+			return nil, err
+		}
+		written = append(written, opt.EmitModule)
+	}
+	res.Seconds = time.Since(start).Seconds()
+	if opt.ReportPath != "" {
+		b, err := json.MarshalIndent(res, "", "  ")
+		if err == nil {
+			err = writeFileAtomic(opt.ReportPath, append(b, '\n'), opt.Force)
+		}
+		if err != nil {
+			undo()
+			return nil, err
+		}
+	}
+	opt.progress("done in %.2fs", res.Seconds)
+	return res, nil
+}
+
+func rewriteOptions(opt Options) rewrite.Options {
+	return rewrite.Options{
+		ReLU: opt.ReLU, Slope: opt.Slope, Sync: opt.Sync,
+		DumpAfter: opt.DumpAfter, Dump: opt.Dump,
+	}
+}
+
+func header(opt Options, m *arch.Match) string {
+	cmd := opt.Command
+	if cmd == "" {
+		cmd = fmt.Sprintf("abnconvert --input %s --output %s --relu %s --slope %g", filepath.Base(opt.Input), filepath.Base(opt.Output), opt.ReLU, opt.Slope)
+	}
+	return fmt.Sprintf("Architecture: %s. Command: %s", m.Arch, cmd)
+}
+
+// checkPaths refuses, before any work, outputs that would overwrite the
+// input or each other, and existing outputs without --force.
+func checkPaths(opt Options) error {
+	st, err := os.Stat(opt.Input)
+	if err != nil {
+		return fmt.Errorf("%s: %w", opt.Input, unwrapPathError(err))
+	}
+	if !st.Mode().IsRegular() {
+		return fmt.Errorf("%s: not a regular file", opt.Input)
+	}
+	outs := []struct{ flag, path string }{{"--output", opt.Output}, {"--emit-module", opt.EmitModule}, {"--report", opt.ReportPath}}
+	seen := map[string]string{}
+	for _, o := range outs {
+		if o.path == "" {
+			continue
+		}
+		abs, err := filepath.Abs(o.path)
+		if err != nil {
+			return fmt.Errorf("%s: %w", o.path, err)
+		}
+		if prev, dup := seen[abs]; dup {
+			return fmt.Errorf("%s: given to both %s and %s", o.path, prev, o.flag)
+		}
+		seen[abs] = o.flag
+		if ost, err := os.Stat(o.path); err == nil {
+			if os.SameFile(st, ost) {
+				return fmt.Errorf("%s: %s is the input file; abnconvert never overwrites its input", o.path, o.flag)
+			}
+			if ost.IsDir() {
+				return fmt.Errorf("%s: %s is a directory", o.path, o.flag)
+			}
+			if !opt.Force {
+				return fmt.Errorf("%s: already exists (use --force to overwrite)", o.path)
+			}
+		}
+		dir := filepath.Dir(abs)
+		if dst, err := os.Stat(dir); err != nil || !dst.IsDir() {
+			return fmt.Errorf("%s: directory %s does not exist", o.path, dir)
+		}
+	}
+	return nil
+}
+
+func unwrapPathError(err error) error {
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
+}
+
+// writeFileAtomic writes data to a temporary file beside path, syncs it and
+// renames it into place, so that readers see the old file or the new one,
+// never half of one.
+func writeFileAtomic(path string, data []byte, force bool) error {
+	if !force {
+		if _, err := os.Stat(path); err == nil {
+			return fmt.Errorf("%s: already exists (use --force to overwrite)", path)
+		}
+	}
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, unwrapPathError(err))
+	}
+	tmp := f.Name()
+	ok := false
+	defer func() {
+		if !ok {
+			f.Close()
+			os.Remove(tmp)
+		}
+	}()
+	if _, err := io.Copy(f, bytes.NewReader(data)); err != nil {
+		return fmt.Errorf("%s: %w", path, unwrapPathError(err))
+	}
+	if err := f.Chmod(0o644); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("%s: %w", path, unwrapPathError(err))
+	}
+	ok = true
+	return nil
+}
+
+// WriteTable prints the human summary of a conversion.
+func (r *Result) WriteTable(w io.Writer) {
+	fmt.Fprintf(w, "%s: %s checkpoint", r.Input, r.Format)
+	if len(r.StatePath) > 0 {
+		fmt.Fprintf(w, ", state dict under %q", strings.Join(r.StatePath, "."))
+	}
+	if r.Prefix != "" {
+		fmt.Fprintf(w, ", key prefix %q", r.Prefix)
+	}
+	fmt.Fprintf(w, "\narchitecture: %s", r.Arch)
+	if !r.ExactArch {
+		fmt.Fprintf(w, " (family %s, non-standard configuration)", r.Family)
+	}
+	fmt.Fprintln(w)
+	for _, n := range r.Notes {
+		fmt.Fprintf(w, "  note: %s\n", n)
+	}
+	r.Report.WriteTable(w)
+	warns := append([]string(nil), r.Warnings...)
+	sort.Strings(warns)
+	for _, wn := range dedupe(warns) {
+		fmt.Fprintf(w, "warning: %s\n", wn)
+	}
+	fmt.Fprintf(w, "wrote %s", r.Output)
+	if r.Module != "" {
+		fmt.Fprintf(w, " and %s", r.Module)
+	}
+	fmt.Fprintf(w, " in %.2fs\n", r.Seconds)
+}
+
+func dedupe(s []string) []string {
+	var out []string
+	for i, x := range s {
+		if i == 0 || x != s[i-1] {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+

@@ -1,0 +1,131 @@
+package convert
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+
+	"github.com/abnconvert/abnconvert/arch"
+	"github.com/abnconvert/abnconvert/pth"
+	"github.com/abnconvert/abnconvert/rewrite"
+)
+
+// Inspection is what a checkpoint holds and what a conversion would do with
+// it. Producing one writes nothing.
+type Inspection struct {
+	File      string         `json:"file"`
+	Size      int64          `json:"size_bytes"`
+	Format    string         `json:"format"`
+	Globals   []string       `json:"globals"`
+	StatePath []string       `json:"state_path"`
+	Prefix    string         `json:"prefix,omitempty"`
+	Entries   []string       `json:"other_entries,omitempty"`
+	Tensors   int            `json:"tensors"`
+	DTypes    map[string]int `json:"dtypes"`
+	Bytes     int64          `json:"tensor_bytes"`
+	Arch      string         `json:"arch,omitempty"`
+	Family    string         `json:"family,omitempty"`
+	ExactArch bool           `json:"arch_exact"`
+	Notes     []string       `json:"arch_notes,omitempty"`
+	// ArchError says why no architecture was recognised; the rest of the
+	// inspection is still valid.
+	ArchError string          `json:"arch_error,omitempty"`
+	Report    *rewrite.Report `json:"report,omitempty"`
+	// RewriteError says why the conversion would be refused.
+	RewriteError string `json:"rewrite_error,omitempty"`
+}
+
+// Inspect opens path, recognises it and dry-runs the rewrite with opt's
+// policy. Only an unreadable or refused file is an error.
+func Inspect(path string, opt Options) (*Inspection, error) {
+	opt.defaults()
+	if err := opt.validate(); err != nil {
+		return nil, err
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, unwrapPathError(err))
+	}
+	ck, err := pth.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer ck.Close()
+	ins := &Inspection{
+		File: path, Size: st.Size(), Format: string(ck.Format), Globals: ck.Globals,
+		StatePath: ck.StatePath, Prefix: ck.Prefix, DTypes: map[string]int{},
+	}
+	if d, ok := ck.Root.(*pth.Dict); ok && len(ck.StatePath) > 0 {
+		for i := 0; i < d.Len(); i++ {
+			k, _ := d.Entry(i)
+			if s, ok := k.(string); !ok || s != ck.StatePath[0] {
+				ins.Entries = append(ins.Entries, fmt.Sprint(k))
+			}
+		}
+	}
+	for _, k := range ck.Keys() {
+		t, ok := ck.Tensor(k)
+		if !ok {
+			continue
+		}
+		ins.Tensors++
+		ins.DTypes[string(t.DType())]++
+		ins.Bytes += int64(t.Numel() * t.DType().Size())
+	}
+	g, match, err := arch.Recognize(ck, opt.Arch)
+	if err != nil {
+		ins.ArchError = err.Error()
+		return ins, nil
+	}
+	ins.Arch, ins.Family, ins.ExactArch, ins.Notes = match.Arch, match.Family, match.Exact, match.Notes
+	rep, err := rewrite.Run(g, ck, rewriteOptions(opt))
+	if err != nil {
+		ins.RewriteError = err.Error()
+		return ins, nil
+	}
+	ins.Report = rep
+	return ins, nil
+}
+
+// WriteText prints the inspection for a person.
+func (ins *Inspection) WriteText(w io.Writer) {
+	fmt.Fprintf(w, "%s: %s checkpoint, %d bytes\n", ins.File, ins.Format, ins.Size)
+	where := "top level"
+	if len(ins.StatePath) > 0 {
+		where = "under " + strings.Join(ins.StatePath, ".")
+	}
+	fmt.Fprintf(w, "state dict (%s): %d tensors, %.1f MB", where, ins.Tensors, float64(ins.Bytes)/1e6)
+	var dts []string
+	for d, n := range ins.DTypes {
+		dts = append(dts, fmt.Sprintf("%s %d", d, n))
+	}
+	sort.Strings(dts)
+	fmt.Fprintf(w, " (%s)\n", strings.Join(dts, ", "))
+	if ins.Prefix != "" {
+		fmt.Fprintf(w, "key prefix: %q (kept on output)\n", ins.Prefix)
+	}
+	if len(ins.Entries) > 0 {
+		fmt.Fprintf(w, "other entries (kept on output): %s\n", strings.Join(ins.Entries, ", "))
+	}
+	fmt.Fprintf(w, "globals: %s\n", strings.Join(ins.Globals, ", "))
+	if ins.ArchError != "" {
+		fmt.Fprintf(w, "architecture: not recognised: %s\n", ins.ArchError)
+		return
+	}
+	fmt.Fprintf(w, "architecture: %s", ins.Arch)
+	if !ins.ExactArch {
+		fmt.Fprintf(w, " (family %s, non-standard configuration)", ins.Family)
+	}
+	fmt.Fprintln(w)
+	for _, n := range ins.Notes {
+		fmt.Fprintf(w, "  note: %s\n", n)
+	}
+	if ins.RewriteError != "" {
+		fmt.Fprintf(w, "conversion would be refused: %s\n", ins.RewriteError)
+		return
+	}
+	fmt.Fprintln(w, "what a conversion would do:")
+	ins.Report.WriteTable(w)
+}

@@ -1,0 +1,392 @@
+// Package graph holds abnconvert's intermediate representation: a dataflow
+// graph of convolutional-network operations whose parameters live in a
+// separate weight store, addressed by state-dict key.
+//
+// Every format reader builds a Graph; every rewrite pass transforms one; the
+// emitters and the runtime read one. Nodes are kept in topological order, and
+// every node has exactly one output value, which is all the operations of the
+// supported families need.
+package graph
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+)
+
+// Op names an operation. The strings are stable: they appear in reports and
+// JSON output.
+type Op string
+
+const (
+	OpInput           Op = "Input"
+	OpConv            Op = "Conv2d"
+	OpBatchNorm       Op = "BatchNorm2d"
+	OpReLU            Op = "ReLU"
+	OpLeakyReLU       Op = "LeakyReLU"
+	OpELU             Op = "ELU"
+	OpInPlaceABN      Op = "InPlaceABN"
+	OpInPlaceABNSync  Op = "InPlaceABNSync"
+	OpABN             Op = "ABN"
+	OpAdd             Op = "Add"
+	OpConcat          Op = "Concat"
+	OpMaxPool         Op = "MaxPool2d"
+	OpAvgPool         Op = "AvgPool2d"
+	OpAdaptiveAvgPool Op = "AdaptiveAvgPool2d"
+	OpFlatten         Op = "Flatten"
+	OpLinear          Op = "Linear"
+	OpDropout         Op = "Dropout"
+)
+
+// Activation names of the ABN family, spelled as the inplace_abn package
+// spells them.
+const (
+	ActReLU      = "relu"
+	ActLeakyReLU = "leaky_relu"
+	ActELU       = "elu"
+	ActIdentity  = "identity"
+)
+
+// Parameter roles: the suffix of a state-dict key after the owning module's
+// path.
+const (
+	RoleWeight      = "weight"
+	RoleBias        = "bias"
+	RoleRunningMean = "running_mean"
+	RoleRunningVar  = "running_var"
+	RoleNumBatches  = "num_batches_tracked"
+)
+
+// Attr carries the attributes of every op kind. Only the fields meaningful to
+// a node's Op are set; the zero value of the rest is ignored.
+type Attr struct {
+	// Conv2d, pools.
+	KernelSize [2]int `json:"kernel_size,omitempty"`
+	Stride     [2]int `json:"stride,omitempty"`
+	Padding    [2]int `json:"padding,omitempty"`
+	Dilation   [2]int `json:"dilation,omitempty"`
+	Groups     int    `json:"groups,omitempty"`
+	CeilMode   bool   `json:"ceil_mode,omitempty"`
+	// AvgPool2d: whether zero padding counts in the divisor (PyTorch's default
+	// is true).
+	CountIncludePad bool `json:"count_include_pad,omitempty"`
+
+	// Conv2d, Linear: channel counts; BN family: Features.
+	InChannels  int  `json:"in_channels,omitempty"`
+	OutChannels int  `json:"out_channels,omitempty"`
+	Features    int  `json:"features,omitempty"`
+	Bias        bool `json:"bias,omitempty"`
+
+	// BN family.
+	Eps      float64 `json:"eps,omitempty"`
+	Momentum float64 `json:"momentum,omitempty"`
+	// MomentumNone means a cumulative moving average (PyTorch momentum=None).
+	MomentumNone bool `json:"momentum_none,omitempty"`
+
+	// ABN family: Activation is one of the Act* names; ActParam is the
+	// leaky-ReLU slope or the ELU alpha. LeakyReLU/ELU nodes use ActParam too.
+	Activation string  `json:"activation,omitempty"`
+	ActParam   float64 `json:"activation_param,omitempty"`
+
+	// Concat.
+	Axis int `json:"axis,omitempty"`
+	// AdaptiveAvgPool2d.
+	OutputSize [2]int `json:"output_size,omitempty"`
+	// Flatten.
+	StartDim int `json:"start_dim,omitempty"`
+	// Dropout.
+	P float64 `json:"p,omitempty"`
+}
+
+// Node is one operation.
+type Node struct {
+	// Name is unique in the graph. For a node that owns parameters it is the
+	// module path of those parameters in the state dict, prefix included
+	// ("module.layer1.0.bn1"); other nodes get a descriptive synthetic name
+	// ("layer1.0.add").
+	Name   string
+	Op     Op
+	Inputs []*Value
+	Out    *Value
+	Attr   Attr
+	// Params maps a role (RoleWeight, ...) to the state-dict key that holds
+	// it. Empty for parameterless ops.
+	Params map[string]string
+
+	// Sign, for a BN-family node, is the per-channel sign flip (+1/-1)
+	// applied in place to the node's input before normalising; nil when no
+	// channel is flipped. It lets InPlace-ABN represent a negative gamma
+	// whose sign could not be folded into a linear producer.
+	Sign []int8
+	// Recompute names the DenseNet shared-buffer group this node belongs to
+	// (the dense layer's module path); empty when not marked. Marked nodes
+	// keep neither their output nor the concatenation they read for the
+	// backward pass: both are recomputed.
+	Recompute string
+}
+
+// Value is the output of one node.
+type Value struct {
+	Name      string
+	Producer  *Node
+	Consumers []*Node
+	// Channels is the size of dimension 1 (the channel or feature dimension),
+	// 0 when unknown.
+	Channels int
+}
+
+// Graph is a network: its nodes in topological order, one input, one output.
+type Graph struct {
+	// Arch names the recognised architecture ("resnet50"), or describes the
+	// source of the structure.
+	Arch    string
+	Nodes   []*Node
+	Input   *Value
+	Output  *Value
+	byName  map[string]*Node
+	counter int
+}
+
+// New returns a graph with an input value of the given channel count.
+func New(arch string, inChannels int) *Graph {
+	g := &Graph{Arch: arch, byName: map[string]*Node{}}
+	n := &Node{Name: "input", Op: OpInput}
+	n.Out = &Value{Name: "input", Producer: n, Channels: inChannels}
+	g.Nodes = append(g.Nodes, n)
+	g.byName[n.Name] = n
+	g.Input = n.Out
+	return g
+}
+
+// Add appends a node computing op over inputs and returns its output value.
+// The name must be unique; Add panics on a duplicate because that is a bug in
+// the builder, not bad input.
+func (g *Graph) Add(name string, op Op, attr Attr, params map[string]string, inputs ...*Value) *Value {
+	if _, dup := g.byName[name]; dup {
+		panic(fmt.Sprintf("graph: duplicate node name %q", name))
+	}
+	n := &Node{Name: name, Op: op, Inputs: inputs, Attr: attr, Params: params}
+	n.Out = &Value{Name: name, Producer: n}
+	for _, in := range inputs {
+		in.Consumers = append(in.Consumers, n)
+	}
+	g.Nodes = append(g.Nodes, n)
+	g.byName[name] = n
+	g.Output = n.Out
+	return n.Out
+}
+
+// Node returns the node with the given name, or nil.
+func (g *Graph) Node(name string) *Node { return g.byName[name] }
+
+// Remove deletes n from the graph. Its output must have no consumers left.
+func (g *Graph) Remove(n *Node) {
+	if len(n.Out.Consumers) != 0 {
+		panic(fmt.Sprintf("graph: removing %s, whose output is still used", n.Name))
+	}
+	for _, in := range n.Inputs {
+		in.Consumers = removeNode(in.Consumers, n)
+	}
+	for i, m := range g.Nodes {
+		if m == n {
+			g.Nodes = append(g.Nodes[:i], g.Nodes[i+1:]...)
+			break
+		}
+	}
+	delete(g.byName, n.Name)
+	if g.Output == n.Out {
+		g.Output = nil
+	}
+}
+
+// ReplaceUses makes every consumer of old read new instead, and moves the
+// graph output if it was old.
+func (g *Graph) ReplaceUses(old, new *Value) {
+	for _, c := range old.Consumers {
+		for i, in := range c.Inputs {
+			if in == old {
+				c.Inputs[i] = new
+			}
+		}
+		new.Consumers = append(new.Consumers, c)
+	}
+	old.Consumers = nil
+	if g.Output == old {
+		g.Output = new
+	}
+}
+
+// Rename changes a node's name, keeping the index in step.
+func (g *Graph) Rename(n *Node, name string) {
+	delete(g.byName, n.Name)
+	n.Name = name
+	n.Out.Name = name
+	g.byName[name] = n
+}
+
+func removeNode(list []*Node, n *Node) []*Node {
+	out := list[:0]
+	for _, m := range list {
+		if m != n {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// ParamKeys returns every state-dict key the graph references, sorted.
+func (g *Graph) ParamKeys() []string {
+	var keys []string
+	for _, n := range g.Nodes {
+		for _, k := range n.Params {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// Validate checks the graph's invariants: unique names, topological order,
+// producer and consumer links that agree with each other, and arities that
+// fit each op. Passes run it after they finish, and tests run it after every
+// pass, so that a pass that breaks the graph fails where it broke it.
+func (g *Graph) Validate() error {
+	seen := map[*Value]bool{}
+	names := map[string]bool{}
+	for i, n := range g.Nodes {
+		if names[n.Name] {
+			return fmt.Errorf("graph: duplicate node name %q", n.Name)
+		}
+		names[n.Name] = true
+		if g.byName[n.Name] != n {
+			return fmt.Errorf("graph: node %q missing from the name index", n.Name)
+		}
+		if n.Out == nil || n.Out.Producer != n {
+			return fmt.Errorf("graph: node %q: output not linked back to it", n.Name)
+		}
+		if (n.Op == OpInput) != (i == 0) {
+			return fmt.Errorf("graph: node %q: the input node must come first, and only once", n.Name)
+		}
+		if want, ok := arity[n.Op]; ok && want >= 0 && len(n.Inputs) != want {
+			return fmt.Errorf("graph: node %q (%s) has %d inputs, want %d", n.Name, n.Op, len(n.Inputs), want)
+		}
+		if (n.Op == OpConcat || n.Op == OpAdd) && len(n.Inputs) == 0 {
+			return fmt.Errorf("graph: node %q (%s) has no inputs", n.Name, n.Op)
+		}
+		for _, in := range n.Inputs {
+			if !seen[in] {
+				return fmt.Errorf("graph: node %q reads %q before it is computed", n.Name, in.Name)
+			}
+			if !containsNode(in.Consumers, n) {
+				return fmt.Errorf("graph: node %q reads %q but is not among its consumers", n.Name, in.Name)
+			}
+		}
+		if len(n.Sign) != 0 && len(n.Sign) != n.Attr.Features {
+			return fmt.Errorf("graph: node %q: sign vector has %d entries for %d features", n.Name, len(n.Sign), n.Attr.Features)
+		}
+		seen[n.Out] = true
+	}
+	for _, n := range g.Nodes {
+		for _, c := range n.Out.Consumers {
+			if !names[c.Name] || g.byName[c.Name] != c {
+				return fmt.Errorf("graph: %q is consumed by %q, which is not in the graph", n.Name, c.Name)
+			}
+			if !containsValue(c.Inputs, n.Out) {
+				return fmt.Errorf("graph: %q lists consumer %q, which does not read it", n.Name, c.Name)
+			}
+		}
+	}
+	if g.Output == nil || !seen[g.Output] {
+		return fmt.Errorf("graph: no output")
+	}
+	return nil
+}
+
+var arity = map[Op]int{
+	OpInput: 0, OpConv: 1, OpBatchNorm: 1, OpReLU: 1, OpLeakyReLU: 1, OpELU: 1,
+	OpInPlaceABN: 1, OpInPlaceABNSync: 1, OpABN: 1, OpAdd: -1, OpConcat: -1,
+	OpMaxPool: 1, OpAvgPool: 1, OpAdaptiveAvgPool: 1, OpFlatten: 1, OpLinear: 1, OpDropout: 1,
+}
+
+func containsNode(list []*Node, n *Node) bool {
+	for _, m := range list {
+		if m == n {
+			return true
+		}
+	}
+	return false
+}
+
+func containsValue(list []*Value, v *Value) bool {
+	for _, m := range list {
+		if m == v {
+			return true
+		}
+	}
+	return false
+}
+
+// IsBNFamily reports whether op normalises with batch statistics.
+func (op Op) IsBNFamily() bool {
+	return op == OpBatchNorm || op == OpABN || op == OpInPlaceABN || op == OpInPlaceABNSync
+}
+
+// String renders the graph one node a line, for dumps and golden tests.
+func (g *Graph) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "graph %s\n", g.Arch)
+	for _, n := range g.Nodes {
+		var ins []string
+		for _, in := range n.Inputs {
+			ins = append(ins, in.Name)
+		}
+		fmt.Fprintf(&b, "%s = %s(%s)", n.Name, n.Op, strings.Join(ins, ", "))
+		if s := n.Attr.summary(n.Op); s != "" {
+			fmt.Fprintf(&b, " [%s]", s)
+		}
+		if n.Recompute != "" {
+			fmt.Fprintf(&b, " recompute=%s", n.Recompute)
+		}
+		if n.Sign != nil {
+			neg := 0
+			for _, s := range n.Sign {
+				if s < 0 {
+					neg++
+				}
+			}
+			fmt.Fprintf(&b, " signflip=%d", neg)
+		}
+		if n.Out.Channels != 0 {
+			fmt.Fprintf(&b, " ch=%d", n.Out.Channels)
+		}
+		b.WriteByte('\n')
+	}
+	if g.Output != nil {
+		fmt.Fprintf(&b, "output %s\n", g.Output.Name)
+	}
+	return b.String()
+}
+
+func (a Attr) summary(op Op) string {
+	switch op {
+	case OpConv:
+		return fmt.Sprintf("%d->%d k%v s%v p%v d%v g%d bias=%v", a.InChannels, a.OutChannels, a.KernelSize, a.Stride, a.Padding, a.Dilation, a.Groups, a.Bias)
+	case OpLinear:
+		return fmt.Sprintf("%d->%d bias=%v", a.InChannels, a.OutChannels, a.Bias)
+	case OpBatchNorm:
+		return fmt.Sprintf("%d eps=%g momentum=%g", a.Features, a.Eps, a.Momentum)
+	case OpABN, OpInPlaceABN, OpInPlaceABNSync:
+		return fmt.Sprintf("%d eps=%g momentum=%g %s(%g)", a.Features, a.Eps, a.Momentum, a.Activation, a.ActParam)
+	case OpLeakyReLU, OpELU:
+		return fmt.Sprintf("%g", a.ActParam)
+	case OpMaxPool, OpAvgPool:
+		return fmt.Sprintf("k%v s%v p%v ceil=%v", a.KernelSize, a.Stride, a.Padding, a.CeilMode)
+	case OpAdaptiveAvgPool:
+		return fmt.Sprintf("%v", a.OutputSize)
+	case OpConcat:
+		return fmt.Sprintf("axis=%d", a.Axis)
+	case OpFlatten:
+		return fmt.Sprintf("start_dim=%d", a.StartDim)
+	}
+	return ""
+}

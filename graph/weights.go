@@ -1,0 +1,86 @@
+package graph
+
+import (
+	"fmt"
+	"sort"
+)
+
+// Weights is the store a graph's parameter keys index into: a state dict.
+// Format readers implement it over a checkpoint without decoding tensor
+// bytes until Values is called; rewrite passes read and replace values
+// through it, and the writer copies untouched tensors byte for byte.
+type Weights interface {
+	// Keys lists the state-dict keys in file order.
+	Keys() []string
+	// Shape reports a tensor's shape; ok is false for an unknown key.
+	Shape(key string) (shape []int, ok bool)
+	// Values decodes a tensor (any dtype) into float64, in row-major order.
+	Values(key string) ([]float64, error)
+	// SetValues replaces a tensor's contents; the length must match its
+	// shape. The tensor keeps its dtype when written out.
+	SetValues(key string, v []float64) error
+}
+
+// MemWeights is an in-memory Weights, for tests and hand-built graphs.
+type MemWeights struct {
+	order  []string
+	shapes map[string][]int
+	vals   map[string][]float64
+}
+
+// NewMemWeights returns an empty store.
+func NewMemWeights() *MemWeights {
+	return &MemWeights{shapes: map[string][]int{}, vals: map[string][]float64{}}
+}
+
+// Put adds or replaces a tensor.
+func (w *MemWeights) Put(key string, shape []int, v []float64) {
+	if _, ok := w.shapes[key]; !ok {
+		w.order = append(w.order, key)
+	}
+	w.shapes[key] = append([]int(nil), shape...)
+	w.vals[key] = append([]float64(nil), v...)
+}
+
+func (w *MemWeights) Keys() []string { return append([]string(nil), w.order...) }
+
+func (w *MemWeights) Shape(key string) ([]int, bool) {
+	s, ok := w.shapes[key]
+	return s, ok
+}
+
+func (w *MemWeights) Values(key string) ([]float64, error) {
+	v, ok := w.vals[key]
+	if !ok {
+		return nil, fmt.Errorf("no tensor %q", key)
+	}
+	return append([]float64(nil), v...), nil
+}
+
+func (w *MemWeights) SetValues(key string, v []float64) error {
+	s, ok := w.shapes[key]
+	if !ok {
+		return fmt.Errorf("no tensor %q", key)
+	}
+	if n := Numel(s); n != len(v) {
+		return fmt.Errorf("tensor %q has %d elements, got %d values", key, n, len(v))
+	}
+	w.vals[key] = append([]float64(nil), v...)
+	return nil
+}
+
+// SortedKeys is a convenience for tests.
+func (w *MemWeights) SortedKeys() []string {
+	k := w.Keys()
+	sort.Strings(k)
+	return k
+}
+
+// Numel is the element count of a shape (1 for a scalar).
+func Numel(shape []int) int {
+	n := 1
+	for _, d := range shape {
+		n *= d
+	}
+	return n
+}
