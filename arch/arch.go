@@ -1,0 +1,239 @@
+// Package arch recognises torchvision classification networks (ResNet and
+// its ResNeXt and wide variants, DenseNet, VGG with batch norm) from the keys
+// and shapes of a state dict, and builds the IR graph that mirrors
+// torchvision 0.14's forward for them.
+//
+// Structure is read from the state dict, never assumed: block counts from
+// module indices, widths, groups and growth rates from weight shapes. A
+// network laid out like a torchvision model but with other widths or depths
+// is therefore accepted and described; only the hyper-parameters the state
+// dict cannot hold (kernel strides and paddings, BN eps and momentum, dropout
+// rates) are taken from torchvision.
+package arch
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+
+	"github.com/abnconvert/abnconvert/graph"
+)
+
+// Match says what Recognize found.
+type Match struct {
+	// Arch is the torchvision name when the state dict matches one of its
+	// configurations exactly (num_classes aside), else a description such as
+	// "resnet (BasicBlock [1 1 1 1], width 8)".
+	Arch string
+	// Family is FamilyResNet, FamilyDenseNet or FamilyVGG.
+	Family string
+	// Prefix is the common key prefix ("module."), kept in every node name and
+	// parameter key.
+	Prefix string
+	Exact  bool
+	// Notes record what was inferred or assumed: prefix, legacy key names,
+	// missing num_batches_tracked, num_classes.
+	Notes []string
+}
+
+var (
+	// ErrUnrecognised wraps every error about a state dict whose layout is
+	// not one of the supported families.
+	ErrUnrecognised = errors.New("unrecognised layout")
+	// ErrMismatch wraps the error for a forced name the state dict does not
+	// match.
+	ErrMismatch = errors.New("architecture mismatch")
+)
+
+// Recognize finds the architecture of the state dict w and builds its graph.
+// force is "auto" or "" to detect, or one of Names() to insist on that
+// configuration (any num_classes), which is an error listing the first
+// disagreements when the shapes say otherwise. Every key must be consumed by
+// the graph and every parameter the graph needs must be present; the error
+// lists the ones that are not.
+func Recognize(w graph.Weights, force string) (*graph.Graph, *Match, error) {
+	keys := w.Keys()
+	if len(keys) == 0 {
+		return nil, nil, fmt.Errorf("%w: the state dict is empty", ErrUnrecognised)
+	}
+	for _, k := range keys {
+		if _, ok := w.Shape(k); !ok {
+			return nil, nil, fmt.Errorf("state dict lists %q but has no shape for it", k)
+		}
+	}
+	force = strings.TrimSpace(force)
+	if force == "" || force == "auto" {
+		return detect(w, keys)
+	}
+	c, ok := lookup(force)
+	if !ok {
+		return nil, nil, fmt.Errorf("unknown architecture %q; supported: auto, %s", force, strings.Join(Names(), ", "))
+	}
+	prefix := ""
+	if cands := candidates(keys, c.family); len(cands) > 0 {
+		prefix = cands[0].prefix
+	}
+	if d := diff(w, keys, prefix, c); len(d) > 0 {
+		return nil, nil, fmt.Errorf("%w: the state dict is not %s (%d disagreements): %s", ErrMismatch, c.name, len(d), firstFew(d, 5))
+	}
+	g, m, err := build(w, keys, c.family, prefix)
+	if err != nil {
+		// diff found nothing, so the builder disagrees with the generator:
+		// a bug, but still reported as an error rather than a panic.
+		return nil, nil, fmt.Errorf("%w: %s: %w", ErrMismatch, c.name, err)
+	}
+	m.Arch, m.Exact = c.name, true
+	g.Arch = c.name
+	return g, m, nil
+}
+
+// familyKeys matches, after the prefix, every key a family's modules can own.
+// Counting matches ranks the families and prefixes worth trying and says how
+// close an unrecognised state dict came.
+var familyKeys = map[string]*regexp.Regexp{
+	FamilyResNet: regexp.MustCompile(`^(?:conv1\.weight|bn1\.` + bnRoles + `|layer[1-4]\.\d+\.(?:conv[123]\.(?:weight|bias)|bn[123]\.` + bnRoles +
+		`|downsample\.0\.(?:weight|bias)|downsample\.1\.` + bnRoles + `)|fc\.(?:weight|bias))$`),
+	FamilyDenseNet: regexp.MustCompile(`^(?:features\.(?:conv0\.weight|norm0\.` + bnRoles +
+		`|denseblock\d+\.denselayer\d+\.(?:norm\.?[12]\.` + bnRoles + `|conv\.?[12]\.(?:weight|bias))` +
+		`|transition\d+\.(?:norm\.` + bnRoles + `|conv\.(?:weight|bias))|norm5\.` + bnRoles + `)|classifier\.(?:weight|bias))$`),
+	FamilyVGG: regexp.MustCompile(`^(?:features\.\d+\.(?:weight|bias|running_mean|running_var|num_batches_tracked)|classifier\.[036]\.(?:weight|bias))$`),
+}
+
+const bnRoles = `(?:weight|bias|running_mean|running_var|num_batches_tracked)`
+
+// anchors are keys that every state dict of a family has; where one sits
+// below a prefix ("module.conv1.weight"), that prefix is a candidate.
+var anchors = map[string][]string{
+	FamilyResNet:   {"conv1.weight", "fc.weight"},
+	FamilyDenseNet: {"features.conv0.weight", "features.norm5.weight", "classifier.weight"},
+	FamilyVGG:      {"features.0.weight", "classifier.6.weight"},
+}
+
+type candidate struct {
+	family, prefix string
+	score          int
+}
+
+// candidates ranks the (family, prefix) pairs suggested by anchors, most
+// keys matched first, then the shorter prefix, then family order. family ""
+// means all families.
+func candidates(keys []string, family string) []candidate {
+	seen := map[candidate]bool{}
+	var out []candidate
+	for _, fam := range families {
+		if family != "" && fam != family {
+			continue
+		}
+		for _, k := range keys {
+			for _, a := range anchors[fam] {
+				var p string
+				switch {
+				case k == a:
+				case strings.HasSuffix(k, "."+a):
+					p = k[:len(k)-len(a)]
+				default:
+					continue
+				}
+				c := candidate{family: fam, prefix: p}
+				if seen[c] {
+					continue
+				}
+				seen[c] = true
+				c.score = score(keys, fam, p)
+				out = append(out, c)
+			}
+		}
+	}
+	// Insertion sort: a handful of candidates, and stable.
+	for i := 1; i < len(out); i++ {
+		for j := i; j > 0 && better(out[j], out[j-1]); j-- {
+			out[j], out[j-1] = out[j-1], out[j]
+		}
+	}
+	return out
+}
+
+func better(a, b candidate) bool {
+	if a.score != b.score {
+		return a.score > b.score
+	}
+	return len(a.prefix) < len(b.prefix)
+}
+
+func score(keys []string, family, prefix string) int {
+	n := 0
+	re := familyKeys[family]
+	for _, k := range keys {
+		if rest, ok := strings.CutPrefix(k, prefix); ok && re.MatchString(rest) {
+			n++
+		}
+	}
+	return n
+}
+
+// detect tries the best-ranked candidate and names what it built.
+func detect(w graph.Weights, keys []string) (*graph.Graph, *Match, error) {
+	cands := candidates(keys, "")
+	if len(cands) == 0 {
+		return nil, nil, fmt.Errorf("%w: no key looks like a supported family (%s): %s", ErrUnrecognised, strings.Join(families, ", "), firstFew(keys, 5))
+	}
+	best := cands[0]
+	g, m, err := build(w, keys, best.family, best.prefix)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: closest family %s (matched %d of %d keys); %w", ErrUnrecognised, best.family, best.score, len(keys), err)
+	}
+	if name := exactName(w, keys, best.prefix, best.family); name != "" {
+		m.Arch, m.Exact = name, true
+		g.Arch = name
+	}
+	return g, m, nil
+}
+
+var familyTitle = map[string]string{FamilyResNet: "ResNet", FamilyDenseNet: "DenseNet", FamilyVGG: "VGG with batch norm"}
+
+// build reads the state dict as family below prefix. Match.Arch is the
+// description; the caller replaces it with a torchvision name if one fits.
+func build(w graph.Weights, keys []string, family, prefix string) (*graph.Graph, *Match, error) {
+	b := newBuilder(w, keys, prefix)
+	b.g = graph.New(family, 3)
+	var (
+		desc  string
+		notes []string
+		err   error
+	)
+	switch family {
+	case FamilyResNet:
+		var sh *resnetShape
+		if sh, err = buildResNet(b); err == nil {
+			desc = sh.describe()
+		}
+	case FamilyDenseNet:
+		var sh *densenetShape
+		if sh, err = buildDenseNet(b); err == nil {
+			desc = sh.describe()
+		}
+	default:
+		var sh *vggShape
+		if sh, notes, err = buildVGG(b); err == nil {
+			desc = sh.describe()
+		}
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("not a torchvision %s: %w", familyTitle[family], err)
+	}
+	if len(b.missing) > 0 {
+		return nil, nil, fmt.Errorf("%s layout lacks %d keys: %s", familyTitle[family], len(b.missing), firstFew(b.missing, 8))
+	}
+	if extra := b.unused(keys); len(extra) > 0 {
+		return nil, nil, fmt.Errorf("%d keys are not part of the %s layout: %s", len(extra), familyTitle[family], firstFew(extra, 8))
+	}
+	if err := b.g.Validate(); err != nil {
+		return nil, nil, fmt.Errorf("built %s graph is invalid: %w", family, err)
+	}
+	m := &Match{Arch: desc, Family: family, Prefix: prefix, Notes: b.notes()}
+	m.Notes = append(m.Notes, notes...)
+	m.Notes = append(m.Notes, fmt.Sprintf("num_classes %d", b.g.Output.Channels))
+	b.g.Arch = desc
+	return b.g, m, nil
+}

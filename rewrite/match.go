@@ -1,0 +1,177 @@
+package rewrite
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/abnconvert/abnconvert/graph"
+)
+
+// site is one BatchNorm2d being converted, with what the passes decided.
+type site struct {
+	bn  *graph.Node
+	act *graph.Node // the activation fused into the site; nil for identity
+
+	// The activation as found in the source network.
+	srcAct   string
+	srcParam float64
+	// match explains why no activation was fused (identity sites).
+	match string
+
+	// The target, as chosen and then possibly demoted to ABN.
+	op       graph.Op
+	actName  string
+	actParam float64
+	approx   bool   // the activation changed (ReLU -> leaky_relu)
+	forced   bool   // fell back to ABN because in place was impossible
+	reason   string // why forced or approximated
+	note     string // extra words, e.g. why channels were flipped, not folded
+
+	eps      float64
+	negative []int // channels with gamma < 0 in the source
+	folded   []int // channels whose sign was folded into a producer
+	into     []string
+	flipped  []int // channels flipped in place (Node.Sign)
+	tiny     []int
+	tinyErr  float64
+}
+
+func (s *site) inPlace() bool { return s.op == graph.OpInPlaceABN || s.op == graph.OpInPlaceABNSync }
+
+func (s *site) key(role string) string { return s.bn.Params[role] }
+
+// fallBack demotes a site to ABN. ABN runs every activation, ReLU included,
+// so a ReLU site that had been approximated by leaky_relu gets its exact ReLU
+// back.
+func (s *site) fallBack(reason string) {
+	s.op = graph.OpABN
+	s.actName, s.actParam = s.srcAct, s.srcParam
+	s.approx = false
+	s.forced = true
+	s.reason = reason
+}
+
+// fusableActivation is match-bn-act's precondition: the BN's output must go
+// to exactly one node, an activation, and nowhere else (not even the
+// network output), or fusing would change what the other readers see.
+func fusableActivation(g *graph.Graph, bn *graph.Node) (*graph.Node, string) {
+	out := bn.Out
+	if out == g.Output {
+		return nil, "its output is the network output"
+	}
+	readers := uniqueNodes(out.Consumers)
+	switch {
+	case len(readers) == 0:
+		return nil, "its output is not read"
+	case len(readers) > 1:
+		return nil, fmt.Sprintf("its output is read by %d nodes (%s)", len(readers), nodeNames(readers))
+	}
+	r := readers[0]
+	switch r.Op {
+	case graph.OpReLU, graph.OpLeakyReLU, graph.OpELU:
+		if len(out.Consumers) != 1 {
+			return nil, fmt.Sprintf("%s reads its output twice", r.Name)
+		}
+		return r, ""
+	}
+	return nil, fmt.Sprintf("followed by %s %s, not an activation", r.Op, r.Name)
+}
+
+// matchBNAct records one site per BatchNorm2d, in graph order, with the
+// activation it feeds, and checks the BN's parameters are usable.
+func matchBNAct(st *State) error {
+	for _, n := range st.g.Nodes {
+		if n.Op != graph.OpBatchNorm {
+			continue
+		}
+		if err := checkBNParams(st, n); err != nil {
+			return err
+		}
+		s := &site{bn: n, eps: n.Attr.Eps, srcAct: graph.ActIdentity}
+		act, why := fusableActivation(st.g, n)
+		if act == nil {
+			s.match = why
+		} else {
+			s.act = act
+			switch act.Op {
+			case graph.OpReLU:
+				s.srcAct = graph.ActReLU
+			case graph.OpLeakyReLU:
+				s.srcAct, s.srcParam = graph.ActLeakyReLU, act.Attr.ActParam
+			case graph.OpELU:
+				s.srcAct, s.srcParam = graph.ActELU, act.Attr.ActParam
+			}
+		}
+		gamma, err := st.t.vec(s.key(graph.RoleWeight))
+		if err != nil {
+			return fmt.Errorf("node %s: %w", n.Name, err)
+		}
+		for c, v := range gamma {
+			if v < 0 {
+				s.negative = append(s.negative, c)
+			}
+		}
+		st.sites = append(st.sites, s)
+		st.byNode[n] = s
+	}
+	return nil
+}
+
+// checkBNParams insists on an affine BN with running statistics: the
+// converted layers need all four vectors, each with one entry per channel.
+func checkBNParams(st *State, n *graph.Node) error {
+	if n.Attr.Eps < 0 {
+		return fmt.Errorf("node %s: negative eps %g", n.Name, n.Attr.Eps)
+	}
+	features := n.Attr.Features
+	for _, role := range []string{graph.RoleWeight, graph.RoleBias, graph.RoleRunningMean, graph.RoleRunningVar} {
+		key, ok := n.Params[role]
+		if !ok || key == "" {
+			return fmt.Errorf("node %s: no %s parameter (BatchNorm2d without affine parameters or running statistics is not supported)", n.Name, role)
+		}
+		shape, ok := st.w.Shape(key)
+		if !ok {
+			return fmt.Errorf("node %s: parameter %q not in the checkpoint", n.Name, key)
+		}
+		if len(shape) != 1 {
+			return fmt.Errorf("node %s: parameter %q has shape %v, want one dimension", n.Name, key, shape)
+		}
+		if features == 0 {
+			features = shape[0]
+		}
+		if shape[0] != features {
+			return fmt.Errorf("node %s: parameter %q has %d entries for %d features", n.Name, key, shape[0], features)
+		}
+	}
+	// Validate checks sign vectors against Features, so it must be right.
+	n.Attr.Features = features
+	if n.Out.Channels == 0 {
+		n.Out.Channels = features
+	}
+	return nil
+}
+
+func uniqueNodes(list []*graph.Node) []*graph.Node {
+	var out []*graph.Node
+	for _, n := range list {
+		dup := false
+		for _, m := range out {
+			if m == n {
+				dup = true
+				break
+			}
+		}
+		if !dup {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+func nodeNames(list []*graph.Node) string {
+	names := make([]string, len(list))
+	for i, n := range list {
+		names[i] = n.Name
+	}
+	return strings.Join(names, ", ")
+}

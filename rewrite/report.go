@@ -1,0 +1,243 @@
+package rewrite
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/abnconvert/abnconvert/graph"
+)
+
+// Outcome says how exact a converted site is.
+type Outcome string
+
+const (
+	// OutcomeExact: same outputs, no sign handling needed.
+	OutcomeExact Outcome = "exact"
+	// OutcomeSignFolded: exact; negative gammas were folded into producers.
+	OutcomeSignFolded Outcome = "sign-folded"
+	// OutcomeSignFlipped: exact; some channels are flipped in place
+	// (Node.Sign) before the layer.
+	OutcomeSignFlipped Outcome = "sign-flipped"
+	// OutcomeFallbackABN: exact, but ABN, not in place.
+	OutcomeFallbackABN Outcome = "fallback-abn"
+	// OutcomeApproximated: the activation changed (ReLU -> leaky_relu), so
+	// the outputs change.
+	OutcomeApproximated Outcome = "approximated"
+)
+
+// Report says what the conversion did. It is meant to be written as JSON
+// and read by people as a table (WriteTable).
+type Report struct {
+	Arch        string           `json:"arch"`
+	ReLUPolicy  string           `json:"relu_policy"`
+	Slope       float64          `json:"slope"`
+	Sync        bool             `json:"sync"`
+	Summary     Summary          `json:"summary"`
+	Sites       []Site           `json:"sites"`
+	DenseLayers []string         `json:"dense_layers"`
+	Flips       map[string][]int `json:"flips"`
+	Changed     []string         `json:"changed"`
+	Warnings    []string         `json:"warnings"`
+}
+
+// Summary counts sites by outcome. TinyGamma counts sites with channels
+// whose |gamma| < eps, whatever their outcome.
+type Summary struct {
+	Sites             int `json:"sites"`
+	Exact             int `json:"exact"`
+	SignFolded        int `json:"sign_folded"`
+	SignFlipped       int `json:"sign_flipped"`
+	FallbackABN       int `json:"fallback_abn"`
+	Approximated      int `json:"approximated"`
+	TinyGamma         int `json:"tiny_gamma"`
+	DenseLayersMarked int `json:"dense_layers_marked"`
+}
+
+// Site is one converted BatchNorm2d.
+type Site struct {
+	// Node is the BN's module path, also the converted node's name.
+	Node string `json:"node"`
+	// Activation is what followed the BN in the source network: relu,
+	// leaky_relu, elu or identity (nothing fusable).
+	Activation string `json:"activation"`
+	// ActivationNode is the activation node fused away, if any.
+	ActivationNode string `json:"activation_node,omitempty"`
+	// Op is the resulting op; OpActivation and OpActivationParam are the
+	// activation it runs.
+	Op                graph.Op `json:"op"`
+	OpActivation      string   `json:"op_activation"`
+	OpActivationParam float64  `json:"op_activation_param,omitempty"`
+	Outcome           Outcome  `json:"outcome"`
+	// Reason explains a fallback or an approximation.
+	Reason string `json:"reason,omitempty"`
+	// Match explains why no activation was fused (identity sites).
+	Match string `json:"match,omitempty"`
+	// Note adds detail, such as why flipped channels could not be folded.
+	Note string `json:"note,omitempty"`
+	// NegativeChannels had gamma < 0 in the source checkpoint.
+	NegativeChannels []int `json:"negative_channels,omitempty"`
+	// FoldedChannels had their sign folded into a producer; FoldedInto
+	// names the producers.
+	FoldedChannels []int    `json:"folded_channels,omitempty"`
+	FoldedInto     []string `json:"folded_into,omitempty"`
+	// FlippedChannels are flipped in place before the layer (Node.Sign).
+	FlippedChannels []int `json:"flipped_channels,omitempty"`
+	// TinyGammaChannels had |gamma| < eps and now have scale eps;
+	// TinyGammaScaleError is the largest |gamma_eff - |gamma|| among them.
+	TinyGammaChannels   []int   `json:"tiny_gamma_channels,omitempty"`
+	TinyGammaScaleError float64 `json:"tiny_gamma_scale_error,omitempty"`
+	// Recompute is the DenseNet group the node belongs to, if marked.
+	Recompute string `json:"recompute,omitempty"`
+}
+
+func (s *site) outcome() Outcome {
+	switch {
+	case s.forced:
+		return OutcomeFallbackABN
+	case s.approx:
+		return OutcomeApproximated
+	case len(s.flipped) > 0:
+		return OutcomeSignFlipped
+	case len(s.folded) > 0 && len(s.negative) > 0 && s.inPlace():
+		return OutcomeSignFolded
+	}
+	return OutcomeExact
+}
+
+func (st *State) report() *Report {
+	r := &Report{
+		Arch: st.g.Arch, ReLUPolicy: st.opt.ReLU, Slope: st.opt.Slope, Sync: st.opt.Sync,
+		Sites: []Site{}, DenseLayers: append([]string{}, st.dense...),
+		Flips: st.t.flipReport(), Changed: st.t.changedKeys(), Warnings: []string{},
+	}
+	approxReLU := 0
+	for _, s := range st.sites {
+		site := Site{
+			Node: s.bn.Name, Activation: s.srcAct, Op: s.op, OpActivation: s.actName, OpActivationParam: s.actParam,
+			Outcome: s.outcome(), Reason: s.reason, Match: s.match,
+			NegativeChannels: s.negative, FoldedChannels: sortedInts(s.folded), FoldedInto: s.into,
+			FlippedChannels: s.flipped, TinyGammaChannels: s.tiny, TinyGammaScaleError: s.tinyErr,
+			Recompute: s.bn.Recompute,
+		}
+		if s.note != "" && (len(s.flipped) > 0 || s.forced) {
+			site.Note = s.note
+		}
+		if s.act != nil {
+			site.ActivationNode = s.act.Name
+		}
+		r.Sites = append(r.Sites, site)
+		sum := &r.Summary
+		sum.Sites++
+		switch site.Outcome {
+		case OutcomeExact:
+			sum.Exact++
+		case OutcomeSignFolded:
+			sum.SignFolded++
+		case OutcomeSignFlipped:
+			sum.SignFlipped++
+		case OutcomeFallbackABN:
+			sum.FallbackABN++
+		case OutcomeApproximated:
+			sum.Approximated++
+			if s.srcAct == graph.ActReLU {
+				approxReLU++
+			}
+		}
+		if len(s.tiny) > 0 {
+			sum.TinyGamma++
+		}
+	}
+	r.Summary.DenseLayersMarked = len(r.DenseLayers)
+	if approxReLU > 0 {
+		r.Warnings = append(r.Warnings, reluWarning(approxReLU, st.opt.Slope))
+	}
+	r.Warnings = append(r.Warnings, st.warn...)
+	return r
+}
+
+func reluWarning(n int, slope float64) string {
+	return fmt.Sprintf("WARNING: %d BN+ReLU sites now use leaky_relu(%g): outputs change; use --relu %s for an exact (not in-place) conversion", n, slope, ReLUABN)
+}
+
+// WriteTable prints the report for people: the summary, then the ReLU
+// approximation in capitals if there is one, then one row per site.
+func (r *Report) WriteTable(w io.Writer) {
+	s := r.Summary
+	fmt.Fprintf(w, "rewrite %s: %d sites: %d exact, %d sign-folded, %d sign-flipped, %d fallback-abn, %d approximated; %d with tiny gamma; %d dense layers marked\n",
+		r.Arch, s.Sites, s.Exact, s.SignFolded, s.SignFlipped, s.FallbackABN, s.Approximated, s.TinyGamma, s.DenseLayersMarked)
+	fmt.Fprintf(w, "relu policy %s", r.ReLUPolicy)
+	if r.ReLUPolicy == ReLULeaky {
+		fmt.Fprintf(w, " (slope %g)", r.Slope)
+	}
+	if r.Sync {
+		fmt.Fprint(w, ", sync")
+	}
+	fmt.Fprintln(w)
+	for _, msg := range r.Warnings {
+		if strings.HasPrefix(msg, "WARNING:") {
+			bar := strings.Repeat("!", 78)
+			fmt.Fprintf(w, "\n%s\n%s\n%s\n", bar, msg, bar)
+		}
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tACTIVATION\tOP\tOUTCOME\tNEG\tFOLDED\tFLIPPED\tTINY\tRECOMPUTE\tREASON")
+	for _, x := range r.Sites {
+		op := fmt.Sprintf("%s(%s", x.Op, x.OpActivation)
+		if x.OpActivation == graph.ActLeakyReLU || x.OpActivation == graph.ActELU {
+			op += fmt.Sprintf(" %g", x.OpActivationParam)
+		}
+		op += ")"
+		why := x.Reason
+		switch {
+		case x.Outcome == OutcomeApproximated:
+			// The warning above says it at length.
+			why = fmt.Sprintf("%s -> %s (outputs change)", x.Activation, x.OpActivation)
+		case why == "":
+			why = x.Note
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", x.Node, x.Activation, op, x.Outcome,
+			count(x.NegativeChannels), count(x.FoldedChannels), count(x.FlippedChannels), count(x.TinyGammaChannels),
+			dash(x.Recompute), dash(why))
+	}
+	tw.Flush()
+	if len(r.DenseLayers) > 0 {
+		fmt.Fprintf(w, "\ndense layers marked for recomputation (%d): %s\n", len(r.DenseLayers), strings.Join(r.DenseLayers, ", "))
+	}
+	fmt.Fprintf(w, "\n%d keys changed, %d keys with flipped signs\n", len(r.Changed), len(r.Flips))
+	var rest []string
+	for _, msg := range r.Warnings {
+		if !strings.HasPrefix(msg, "WARNING:") {
+			rest = append(rest, msg)
+		}
+	}
+	if len(rest) > 0 {
+		fmt.Fprintln(w, "warnings:")
+		for _, msg := range rest {
+			fmt.Fprintf(w, "  %s\n", msg)
+		}
+	}
+}
+
+func count(list []int) string {
+	if len(list) == 0 {
+		return "-"
+	}
+	return fmt.Sprint(len(list))
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func sortedInts(list []int) []int {
+	out := append([]int(nil), list...)
+	sort.Ints(out)
+	return out
+}

@@ -1,0 +1,105 @@
+package rewrite
+
+import (
+	"fmt"
+
+	"github.com/abnconvert/abnconvert/graph"
+)
+
+// chooseOp picks each site's target op and activation. InPlace-ABN recovers
+// its input from its output in the backward pass, so its activation must be
+// invertible: leaky_relu with a positive slope, elu with a positive alpha, or
+// identity. Everything else is ABN.
+func chooseOp(st *State) error {
+	inPlace := graph.OpInPlaceABN
+	if st.opt.Sync {
+		inPlace = graph.OpInPlaceABNSync
+	}
+	for _, s := range st.sites {
+		s.op, s.actName, s.actParam = inPlace, s.srcAct, s.srcParam
+		switch s.srcAct {
+		case graph.ActReLU:
+			switch st.opt.ReLU {
+			case ReLUError:
+				return fmt.Errorf("node %s: BatchNorm2d + ReLU (%s) has no exact in-place form (ReLU policy %q; use %q for leaky_relu(%g) or %q for an exact ABN)",
+					s.bn.Name, s.act.Name, ReLUError, ReLULeaky, st.opt.Slope, ReLUABN)
+			case ReLUABN:
+				s.op, s.actParam = graph.OpABN, 0
+			default:
+				s.actName, s.actParam = graph.ActLeakyReLU, st.opt.Slope
+				s.approx = true
+				s.reason = fmt.Sprintf("ReLU replaced by leaky_relu(%g) so that the layer can run in place: outputs change where the pre-activation is negative", st.opt.Slope)
+			}
+		case graph.ActLeakyReLU:
+			if why := notInvertible(s.srcAct, s.srcParam); why != "" {
+				s.fallBack(why)
+			}
+		case graph.ActELU:
+			if why := notInvertible(s.srcAct, s.srcParam); why != "" {
+				s.fallBack(why)
+			}
+		}
+	}
+	return nil
+}
+
+// notInvertible is choose-op's precondition for an in-place activation.
+func notInvertible(act string, param float64) string {
+	if param > 0 {
+		return ""
+	}
+	what := "slope"
+	if act == graph.ActELU {
+		what = "alpha"
+	}
+	return fmt.Sprintf("%s with %s %g is not invertible, which InPlace-ABN needs: ABN keeps it exact", act, what, param)
+}
+
+// producers whose output may be overwritten: none of them keeps its own
+// output for its backward pass (convolution and linear keep their input,
+// max-pool its indices, the others nothing), and each returns a fresh
+// tensor rather than a view of another.
+var overwritable = map[graph.Op]bool{
+	graph.OpConv: true, graph.OpLinear: true, graph.OpConcat: true, graph.OpAdd: true,
+	graph.OpMaxPool: true, graph.OpAvgPool: true, graph.OpAdaptiveAvgPool: true,
+}
+
+// inPlaceBlocker is the in-place precondition: InPlace-ABN overwrites its
+// input, so nobody else may read that value, now or in the backward pass.
+// It returns "" when the site may run in place.
+func inPlaceBlocker(g *graph.Graph, bn *graph.Node) string {
+	in := bn.Inputs[0]
+	p := in.Producer
+	if in == g.Input || p.Op == graph.OpInput {
+		return "its input is the network input, which belongs to the caller"
+	}
+	if in == g.Output {
+		return fmt.Sprintf("its input %s is also the network output", in.Name)
+	}
+	if readers := uniqueNodes(in.Consumers); len(readers) > 1 {
+		var others []*graph.Node
+		for _, r := range readers {
+			if r != bn {
+				others = append(others, r)
+			}
+		}
+		return fmt.Sprintf("its input %s is also read by %s", in.Name, nodeNames(others))
+	}
+	if !overwritable[p.Op] {
+		return fmt.Sprintf("its input comes from %s %s, whose output may not be overwritten (it is kept for backward or is a view)", p.Op, p.Name)
+	}
+	return ""
+}
+
+// checkInPlace demotes in-place sites whose input may not be overwritten.
+func checkInPlace(st *State) error {
+	for _, s := range st.sites {
+		if !s.inPlace() {
+			continue
+		}
+		if why := inPlaceBlocker(st.g, s.bn); why != "" {
+			s.fallBack("cannot run in place: " + why)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,185 @@
+package rewrite
+
+import (
+	"fmt"
+	"sort"
+
+	"github.com/abnconvert/abnconvert/graph"
+)
+
+// tensors is a per-pass cache over the weight store for the small per-channel
+// vectors of BN sites, plus a queue of whole-channel negations for producer
+// weights, which can be large: those are applied one tensor at a time when
+// the pass ends, so that at most one convolution's weights are held in
+// memory. It also keeps the report's bookkeeping of what changed.
+type tensors struct {
+	w      graph.Weights
+	cur    map[string][]float64
+	orig   map[string][]float64
+	negate map[string]map[int]bool // key -> dim-0 indices to negate at flush
+	// flips counts, per key and dim-0 index, how often the sign was flipped;
+	// an index is reported when the count is odd.
+	flips   map[string]map[int]int
+	changed map[string]bool
+}
+
+func newTensors(w graph.Weights) *tensors {
+	return &tensors{
+		w: w, cur: map[string][]float64{}, orig: map[string][]float64{},
+		negate: map[string]map[int]bool{}, flips: map[string]map[int]int{}, changed: map[string]bool{},
+	}
+}
+
+// vec returns the cached, mutable values of a per-channel vector.
+func (t *tensors) vec(key string) ([]float64, error) {
+	if v, ok := t.cur[key]; ok {
+		return v, nil
+	}
+	v, err := t.w.Values(key)
+	if err != nil {
+		return nil, fmt.Errorf("reading %q: %w", key, err)
+	}
+	t.cur[key] = v
+	t.orig[key] = append([]float64(nil), v...)
+	return v, nil
+}
+
+// negateVec flips the sign of v[i] for the vector at key now.
+func (t *tensors) negateVec(key string, i int) error {
+	v, err := t.vec(key)
+	if err != nil {
+		return err
+	}
+	if i < 0 || i >= len(v) {
+		return fmt.Errorf("%q has %d entries, no index %d", key, len(v), i)
+	}
+	v[i] = -v[i]
+	t.flipped(key, i)
+	return nil
+}
+
+// negateSlice queues the negation of slice i along dim 0 of key.
+func (t *tensors) negateSlice(key string, i int) {
+	if t.negate[key] == nil {
+		t.negate[key] = map[int]bool{}
+	}
+	// Queued twice means flipped twice: no change at all.
+	t.negate[key][i] = !t.negate[key][i]
+	t.flipped(key, i)
+}
+
+func (t *tensors) flipped(key string, i int) {
+	if t.flips[key] == nil {
+		t.flips[key] = map[int]int{}
+	}
+	t.flips[key][i]++
+}
+
+// flush writes every changed vector and applies the queued negations, then
+// empties the cache.
+func (t *tensors) flush() error {
+	keys := make([]string, 0, len(t.cur))
+	for k := range t.cur {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if !differ(t.cur[k], t.orig[k]) {
+			continue
+		}
+		if err := t.w.SetValues(k, t.cur[k]); err != nil {
+			return fmt.Errorf("writing %q: %w", k, err)
+		}
+		t.changed[k] = true
+	}
+	keys = keys[:0]
+	for k := range t.negate {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if err := t.applyNegation(k, t.negate[k]); err != nil {
+			return err
+		}
+	}
+	t.cur = map[string][]float64{}
+	t.orig = map[string][]float64{}
+	t.negate = map[string]map[int]bool{}
+	return nil
+}
+
+func (t *tensors) applyNegation(key string, idx map[int]bool) error {
+	shape, ok := t.w.Shape(key)
+	if !ok || len(shape) == 0 {
+		return fmt.Errorf("negating channels of %q: no such tensor, or a scalar", key)
+	}
+	v, err := t.w.Values(key)
+	if err != nil {
+		return fmt.Errorf("reading %q: %w", key, err)
+	}
+	if shape[0] == 0 || len(v)%shape[0] != 0 {
+		return fmt.Errorf("negating channels of %q: %d values for shape %v", key, len(v), shape)
+	}
+	stride := len(v) / shape[0]
+	changed := false
+	for i, on := range idx {
+		if !on {
+			continue
+		}
+		if i < 0 || i >= shape[0] {
+			return fmt.Errorf("negating channel %d of %q, which has %d", i, key, shape[0])
+		}
+		for j := i * stride; j < (i+1)*stride; j++ {
+			if v[j] != 0 {
+				changed = true
+			}
+			v[j] = -v[j]
+		}
+	}
+	if !changed {
+		return nil
+	}
+	if err := t.w.SetValues(key, v); err != nil {
+		return fmt.Errorf("writing %q: %w", key, err)
+	}
+	t.changed[key] = true
+	return nil
+}
+
+// differ compares numerically: negating a zero gives -0, which is no change.
+func differ(a, b []float64) bool {
+	for i := range a {
+		if a[i] != b[i] && !(a[i] != a[i] && b[i] != b[i]) {
+			return true
+		}
+	}
+	return false
+}
+
+// flipReport returns the odd-count flips per key, sorted.
+func (t *tensors) flipReport() map[string][]int {
+	out := map[string][]int{}
+	for k, m := range t.flips {
+		var idx []int
+		for i, n := range m {
+			if n%2 == 1 {
+				idx = append(idx, i)
+			}
+		}
+		if len(idx) == 0 {
+			continue
+		}
+		sort.Ints(idx)
+		out[k] = idx
+	}
+	return out
+}
+
+func (t *tensors) changedKeys() []string {
+	out := make([]string, 0, len(t.changed))
+	for k := range t.changed {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
