@@ -307,8 +307,17 @@ func (r *Result) WriteTable(w io.Writer) {
 	for _, n := range r.Notes {
 		fmt.Fprintf(w, "  note: %s\n", n)
 	}
-	r.Report.WriteTable(w)
-	warns := append([]string(nil), r.Warnings...)
+	r.Report.WriteTable(w) // prints the rewrite's own warnings
+	inReport := map[string]bool{}
+	for _, wn := range r.Report.Warnings {
+		inReport[wn] = true
+	}
+	var warns []string
+	for _, wn := range r.Warnings {
+		if !inReport[wn] {
+			warns = append(warns, wn)
+		}
+	}
 	sort.Strings(warns)
 	for _, wn := range dedupe(warns) {
 		fmt.Fprintf(w, "warning: %s\n", wn)

@@ -1,0 +1,214 @@
+package convert
+
+import (
+	"bytes"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/abnconvert/abnconvert/graph"
+	"github.com/abnconvert/abnconvert/pth"
+)
+
+var fixtures = []string{"tiny_resnet_basic", "tiny_resnext", "tiny_densenet", "tiny_vgg"}
+
+func fixture(name string) string { return filepath.Join("..", "fixtures", "testdata", name+".pth") }
+
+func open(t *testing.T, path string) *pth.Checkpoint {
+	t.Helper()
+	ck, err := pth.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ck.Close() })
+	return ck
+}
+
+func values(t *testing.T, w graph.Weights, key string) []float64 {
+	t.Helper()
+	v, err := w.Values(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// TestConvertFixtures converts every committed fixture under both exact and
+// approximating policies and checks the written checkpoint tensor by tensor
+// against the input: InPlace-ABN weights are |gamma| - eps, ABN weights keep
+// |gamma|, untouched tensors are bit-identical, keys keep their order.
+func TestConvertFixtures(t *testing.T) {
+	for _, name := range fixtures {
+		for _, relu := range []string{"leaky", "abn"} {
+			t.Run(name+"/"+relu, func(t *testing.T) {
+				dir := t.TempDir()
+				out := filepath.Join(dir, "out.pth")
+				res, err := Run(Options{Input: fixture(name), Output: out, EmitModule: filepath.Join(dir, "m.py"),
+					ReportPath: filepath.Join(dir, "r.json"), ReLU: relu})
+				if err != nil {
+					t.Fatal(err)
+				}
+				in, conv := open(t, fixture(name)), open(t, out)
+				if got, want := strings.Join(conv.Keys(), ","), strings.Join(in.Keys(), ","); got != want {
+					t.Fatalf("keys changed:\n got %s\nwant %s", got, want)
+				}
+				changed := map[string]bool{}
+				for _, k := range res.Report.Changed {
+					changed[k] = true
+				}
+				bnKeys := 0
+				for _, k := range in.Keys() {
+					if strings.HasSuffix(k, ".running_var") {
+						bnKeys++
+					}
+					if !changed[k] {
+						a, b := values(t, in, k), values(t, conv, k)
+						for i := range a {
+							if math.Float64bits(a[i]) != math.Float64bits(b[i]) {
+								t.Fatalf("%s[%d] changed from %v to %v but is not reported as changed", k, i, a[i], b[i])
+							}
+						}
+					}
+				}
+				if res.Report.Summary.Sites != bnKeys {
+					t.Errorf("report has %d sites, checkpoint has %d BNs", res.Report.Summary.Sites, bnKeys)
+				}
+				for _, s := range res.Report.Sites {
+					gin := values(t, in, s.Node+".weight")
+					gout := values(t, conv, s.Node+".weight")
+					tiny := map[int]bool{}
+					for _, c := range s.TinyGammaChannels {
+						tiny[c] = true
+					}
+					for c := range gin {
+						want := math.Abs(gin[c])
+						got := math.Abs(gout[c])
+						if s.Op == "InPlaceABN" {
+							if gout[c] < 0 {
+								t.Fatalf("%s channel %d: stored weight %v is negative", s.Node, c, gout[c])
+							}
+							got += 1e-5
+							if tiny[c] {
+								want = 1e-5
+							}
+						}
+						if math.Abs(got-want) > 1e-6*math.Max(1, want) {
+							t.Fatalf("%s (%s) channel %d: effective |gamma| %v, want %v", s.Node, s.Op, c, got, want)
+						}
+					}
+					if relu == "abn" && s.Outcome == "approximated" {
+						t.Errorf("%s approximated under --relu abn", s.Node)
+					}
+				}
+				if relu == "leaky" && res.Report.Summary.Approximated == 0 {
+					t.Errorf("no site approximated under --relu leaky")
+				}
+			})
+		}
+	}
+}
+
+func TestDeterministic(t *testing.T) {
+	dir := t.TempDir()
+	var outs [][]byte
+	for i, name := range []string{"a.pth", "b.pth"} {
+		out := filepath.Join(dir, name)
+		if _, err := Run(Options{Input: fixture("tiny_densenet"), Output: out}); err != nil {
+			t.Fatalf("run %d: %v", i, err)
+		}
+		b, err := os.ReadFile(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		outs = append(outs, b)
+	}
+	if !bytes.Equal(outs[0], outs[1]) {
+		t.Fatal("two conversions of the same input with the same flags differ")
+	}
+}
+
+// TestRefusals: each bad call fails with a message naming the file, leaves
+// no output behind and does not touch the input.
+func TestRefusals(t *testing.T) {
+	dir := t.TempDir()
+	input := filepath.Join(dir, "in.pth")
+	orig, err := os.ReadFile(fixture("tiny_resnet_basic"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(input, orig, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	existing := filepath.Join(dir, "exists.pth")
+	os.WriteFile(existing, []byte("keep me"), 0o644)
+	out := filepath.Join(dir, "out.pth")
+	cases := []struct {
+		name string
+		opt  Options
+		want string
+	}{
+		{"missing input", Options{Input: filepath.Join(dir, "nope.pth"), Output: out}, "nope.pth: no such file"},
+		{"output is input", Options{Input: input, Output: input}, "is the input file"},
+		{"output exists", Options{Input: input, Output: existing}, "exists.pth: already exists"},
+		{"module is output", Options{Input: input, Output: out, EmitModule: out}, "given to both"},
+		{"bad policy", Options{Input: input, Output: out, ReLU: "gelu"}, `--relu "gelu"`},
+		{"bad slope", Options{Input: input, Output: out, Slope: 1.5}, "--slope"},
+		{"relu refused", Options{Input: input, Output: out, ReLU: "error", EmitModule: filepath.Join(dir, "m.py")}, "relu"},
+		{"missing dir", Options{Input: input, Output: filepath.Join(dir, "no", "out.pth")}, "does not exist"},
+		{"forced arch mismatch", Options{Input: input, Output: out, Arch: "densenet121"}, "in.pth"},
+		{"not a checkpoint", Options{Input: existing, Output: out, Force: true}, "exists.pth"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := Run(c.opt)
+			if err == nil {
+				t.Fatal("no error")
+			}
+			if !strings.Contains(err.Error(), c.want) {
+				t.Errorf("error %q does not mention %q", err, c.want)
+			}
+			if strings.Contains(err.Error(), "\n") {
+				t.Errorf("error spans several lines: %q", err)
+			}
+			entries, _ := os.ReadDir(dir)
+			for _, e := range entries {
+				if n := e.Name(); n != "in.pth" && n != "exists.pth" {
+					t.Errorf("left %s behind", n)
+				}
+			}
+			if b, _ := os.ReadFile(input); !bytes.Equal(b, orig) {
+				t.Error("input modified")
+			}
+			if b, _ := os.ReadFile(existing); string(b) != "keep me" {
+				t.Error("existing output overwritten")
+			}
+		})
+	}
+}
+
+func TestForceOverwrites(t *testing.T) {
+	dir := t.TempDir()
+	out := filepath.Join(dir, "out.pth")
+	os.WriteFile(out, []byte("old"), 0o644)
+	if _, err := Run(Options{Input: fixture("tiny_vgg"), Output: out, Force: true}); err != nil {
+		t.Fatal(err)
+	}
+	open(t, out)
+}
+
+func TestInspect(t *testing.T) {
+	ins, err := Inspect(fixture("tiny_densenet"), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ins.Family != "densenet" || ins.Report == nil || ins.Report.Summary.DenseLayersMarked == 0 {
+		t.Fatalf("unexpected inspection: family %q, report %+v", ins.Family, ins.Report)
+	}
+	var b bytes.Buffer
+	ins.WriteText(&b)
+	if !strings.Contains(b.String(), "densenet") {
+		t.Errorf("text lacks the architecture:\n%s", b.String())
+	}
+}

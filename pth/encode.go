@@ -1,0 +1,372 @@
+package pth
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/big"
+	"unicode/utf8"
+)
+
+// pickler writes an object tree as a protocol-2 pickle with the opcode
+// sequence torch.save produces, using only opcodes that torch's
+// weights_only unpickler accepts (BINFLOAT needs torch >= 2.0 there; torch
+// 1.13 refuses it even in files torch 1.13 wrote).
+type pickler struct {
+	buf  bytes.Buffer
+	memo map[any]int
+	plan *writePlan
+}
+
+// memoKey identifies values the pickler memoizes by value rather than by
+// pointer.
+type memoKey struct {
+	kind byte
+	s    string
+}
+
+func newPickler(plan *writePlan) *pickler { return &pickler{memo: map[any]int{}, plan: plan} }
+
+func (p *pickler) op(b ...byte) { p.buf.Write(b) }
+
+func (p *pickler) put(key any) {
+	i := len(p.memo)
+	p.memo[key] = i
+	if i < 256 {
+		p.op(opBinPut, byte(i))
+	} else {
+		p.op(opLongBinPut)
+		p.buf.Write(binary.LittleEndian.AppendUint32(nil, uint32(i)))
+	}
+}
+
+// get emits a memo reference if key was memoized before.
+func (p *pickler) get(key any) bool {
+	i, ok := p.memo[key]
+	if !ok {
+		return false
+	}
+	if i < 256 {
+		p.op(opBinGet, byte(i))
+	} else {
+		p.op(opLongBinGet)
+		p.buf.Write(binary.LittleEndian.AppendUint32(nil, uint32(i)))
+	}
+	return true
+}
+
+func (p *pickler) dump(v Value) ([]byte, error) {
+	p.op(opProto, 2)
+	if err := p.save(v, 0); err != nil {
+		return nil, err
+	}
+	p.op(opStop)
+	return p.buf.Bytes(), nil
+}
+
+func (p *pickler) global(module, name string) {
+	k := memoKey{'g', module + "\n" + name}
+	if p.get(k) {
+		return
+	}
+	p.op(opGlobal)
+	p.buf.WriteString(module + "\n" + name + "\n")
+	p.put(k)
+}
+
+func (p *pickler) str(s string) {
+	k := memoKey{'s', s}
+	if p.get(k) {
+		return
+	}
+	p.op(opBinUnicode)
+	p.buf.Write(binary.LittleEndian.AppendUint32(nil, uint32(len(s))))
+	p.buf.WriteString(s)
+	p.put(k)
+}
+
+func (p *pickler) int(n int64) {
+	switch {
+	case n >= 0 && n <= 0xff:
+		p.op(opBinInt1, byte(n))
+	case n >= 0 && n <= 0xffff:
+		p.op(opBinInt2, byte(n), byte(n>>8))
+	case n >= math.MinInt32 && n <= math.MaxInt32:
+		p.op(opBinInt)
+		p.buf.Write(binary.LittleEndian.AppendUint32(nil, uint32(int32(n))))
+	default:
+		p.long(big.NewInt(n))
+	}
+}
+
+// long writes LONG1: minimal little-endian two's complement, as Python's
+// encode_long does.
+func (p *pickler) long(n *big.Int) error {
+	if n.IsInt64() && n.Int64() >= math.MinInt32 && n.Int64() <= math.MaxInt32 {
+		p.int(n.Int64())
+		return nil
+	}
+	nbytes := n.BitLen()/8 + 1
+	// Two's complement of n in nbytes bytes.
+	mod := new(big.Int).Lsh(big.NewInt(1), uint(8*nbytes))
+	v := new(big.Int).Set(n)
+	if v.Sign() < 0 {
+		v.Add(v, mod)
+	}
+	be := v.FillBytes(make([]byte, nbytes))
+	le := make([]byte, nbytes)
+	for i := range be {
+		le[i] = be[nbytes-1-i]
+	}
+	if n.Sign() < 0 && nbytes > 1 && le[nbytes-1] == 0xff && le[nbytes-2]&0x80 != 0 {
+		le = le[:nbytes-1]
+	}
+	if len(le) > 255 {
+		return fmt.Errorf("integer of %d bytes is too large for LONG1", len(le))
+	}
+	p.op(opLong1, byte(len(le)))
+	p.buf.Write(le)
+	return nil
+}
+
+func (p *pickler) tuple(items []Value, depth int, key any) error {
+	if len(items) == 0 {
+		p.op(opEmptyTuple)
+		return nil
+	}
+	if key != nil && p.get(key) {
+		return nil
+	}
+	if len(items) > 3 {
+		p.op(opMark)
+	}
+	for _, it := range items {
+		if err := p.save(it, depth+1); err != nil {
+			return err
+		}
+	}
+	switch len(items) {
+	case 1:
+		p.op(opTuple1)
+	case 2:
+		p.op(opTuple2)
+	case 3:
+		p.op(opTuple3)
+	default:
+		p.op(opTuple)
+	}
+	if key == nil {
+		key = new(byte) // a fresh, never-repeated memo slot
+	}
+	p.put(key)
+	return nil
+}
+
+func intsValues(xs []int) []Value {
+	out := make([]Value, len(xs))
+	for i, x := range xs {
+		out[i] = int64(x)
+	}
+	return out
+}
+
+const batch = 1000 // items per APPENDS/SETITEMS, as Python's pickler batches
+
+func (p *pickler) save(v Value, depth int) error {
+	if depth > maxDepth {
+		return fmt.Errorf("object tree nested deeper than %d levels", maxDepth)
+	}
+	switch v := v.(type) {
+	case nil:
+		p.op(opNone)
+	case bool:
+		if v {
+			p.op(opNewTrue)
+		} else {
+			p.op(opNewFalse)
+		}
+	case int64:
+		p.int(v)
+	case *big.Int:
+		return p.long(v)
+	case float64:
+		p.op(opBinFloat)
+		p.buf.Write(binary.BigEndian.AppendUint64(nil, math.Float64bits(v)))
+	case string:
+		p.str(v)
+	case Bytes:
+		// Protocol 2 from Python 3 pickles bytes as
+		// _codecs.encode(latin1 text, "latin1").
+		if p.get(v2key(v)) {
+			return nil
+		}
+		p.global("_codecs", "encode")
+		runes := make([]byte, 0, len(v))
+		for _, b := range v {
+			runes = utf8.AppendRune(runes, rune(b))
+		}
+		p.str(string(runes))
+		p.str("latin1")
+		p.op(opTuple2)
+		p.put(new(byte))
+		p.op(opReduce)
+		p.put(v2key(v))
+	case *Global:
+		p.global(v.Module, v.Name)
+	case *Call:
+		if p.get(v) {
+			return nil
+		}
+		p.global(v.Func.Module, v.Func.Name)
+		if err := p.tuple(v.Args.Items, depth, v.Args); err != nil {
+			return err
+		}
+		p.op(opReduce)
+		p.put(v)
+	case *Tuple:
+		return p.tuple(v.Items, depth, v)
+	case *List:
+		if p.get(v) {
+			return nil
+		}
+		p.op(opEmptyList)
+		p.put(v)
+		for i := 0; i < len(v.Items); i += batch {
+			chunk := v.Items[i:min(i+batch, len(v.Items))]
+			if len(chunk) > 1 {
+				p.op(opMark)
+			}
+			for _, it := range chunk {
+				if err := p.save(it, depth+1); err != nil {
+					return err
+				}
+			}
+			if len(chunk) > 1 {
+				p.op(opAppends)
+			} else {
+				p.op(opAppend)
+			}
+		}
+	case *Dict:
+		return p.dict(v, depth)
+	case *Tensor:
+		return p.tensor(v, depth)
+	default:
+		return fmt.Errorf("cannot pickle a value of type %T", v)
+	}
+	return nil
+}
+
+func v2key(b Bytes) memoKey { return memoKey{'y', string(b)} }
+
+func (p *pickler) dict(d *Dict, depth int) error {
+	if p.get(d) {
+		return nil
+	}
+	if d.Ordered {
+		p.global("collections", "OrderedDict")
+		p.op(opEmptyTuple, opReduce)
+	} else {
+		p.op(opEmptyDict)
+	}
+	p.put(d)
+	if err := p.items(d, depth); err != nil {
+		return err
+	}
+	if d.State != nil && d.State.Len() > 0 {
+		p.op(opEmptyDict)
+		p.put(d.State)
+		if err := p.items(d.State, depth); err != nil {
+			return err
+		}
+		p.op(opBuild)
+	}
+	return nil
+}
+
+func (p *pickler) items(d *Dict, depth int) error {
+	for i := 0; i < d.Len(); i += batch {
+		end := min(i+batch, d.Len())
+		if end-i > 1 {
+			p.op(opMark)
+		}
+		for j := i; j < end; j++ {
+			if err := p.save(d.keys[j], depth+1); err != nil {
+				return err
+			}
+			if err := p.save(d.vals[j], depth+1); err != nil {
+				return err
+			}
+		}
+		if end-i > 1 {
+			p.op(opSetItems)
+		} else {
+			p.op(opSetItem)
+		}
+	}
+	return nil
+}
+
+// tensor writes _rebuild_tensor_v2(storage, offset, size, stride,
+// requires_grad, OrderedDict()[, metadata]), wrapped in
+// _rebuild_parameter(..., requires_grad, OrderedDict()) for a Parameter,
+// with the storage, offset and stride the write plan gives the tensor.
+func (p *pickler) tensor(t *Tensor, depth int) error {
+	if p.get(t) {
+		return nil
+	}
+	out, ok := p.plan.tensors[t]
+	if !ok {
+		return fmt.Errorf("internal error: tensor without a write plan")
+	}
+	if t.Param {
+		p.global("torch._utils", "_rebuild_parameter")
+	}
+	p.global("torch._utils", "_rebuild_tensor_v2")
+	p.op(opMark)
+	// Persistent id ("storage", class, key, location, numel).
+	st := out.st
+	p.op(opMark)
+	p.str("storage")
+	p.global(st.class.Module, st.class.Name)
+	p.str(st.key)
+	p.str(st.location)
+	p.int(int64(st.numel))
+	p.op(opTuple)
+	p.put(new(byte))
+	p.op(opBinPersID)
+	p.int(int64(out.offset))
+	if err := p.tuple(intsValues(t.Shape), depth, nil); err != nil {
+		return err
+	}
+	if err := p.tuple(intsValues(out.stride), depth, nil); err != nil {
+		return err
+	}
+	p.save(t.RequiresGrad, depth+1)
+	p.emptyOrderedDict()
+	if t.Metadata != nil {
+		if err := p.save(t.Metadata, depth+1); err != nil {
+			return err
+		}
+	}
+	p.op(opTuple)
+	p.put(new(byte))
+	p.op(opReduce)
+	if t.Param {
+		p.put(new(byte))
+		p.save(t.ParamRequiresGrad, depth+1)
+		p.emptyOrderedDict()
+		p.op(opTuple3)
+		p.put(new(byte))
+		p.op(opReduce)
+	}
+	p.put(t)
+	return nil
+}
+
+func (p *pickler) emptyOrderedDict() {
+	p.global("collections", "OrderedDict")
+	p.op(opEmptyTuple, opReduce)
+	p.put(new(byte))
+}

@@ -1,0 +1,448 @@
+package pth
+
+import (
+	"archive/zip"
+	"bufio"
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"math/big"
+	"os"
+	"strings"
+)
+
+// Format is the on-disk layout of a checkpoint.
+type Format string
+
+const (
+	// FormatZip is torch.save's format since torch 1.6.
+	FormatZip Format = "zip"
+	// FormatLegacy is torch.save(..., _use_new_zipfile_serialization=False):
+	// consecutive pickles followed by raw storages.
+	FormatLegacy Format = "legacy"
+)
+
+// maxPickle bounds data.pkl; real ones are kilobytes to a few megabytes.
+const maxPickle = 1 << 30
+
+// legacyMagic is the magic number legacy checkpoints start with.
+var legacyMagic, _ = new(big.Int).SetString("1950A86A20F9469CFC6C", 16)
+
+// zipOpener is the part of *zip.File used to stream a compressed record.
+type zipOpener interface {
+	Open() (io.ReadCloser, error)
+}
+
+// Checkpoint is an opened PyTorch checkpoint: its object tree, with tensor
+// bytes left in the file until asked for. It implements graph.Weights over
+// the state dict it holds. Close releases the file.
+type Checkpoint struct {
+	Path   string
+	Format Format
+	// Root is the whole object tree torch.save was given.
+	Root Value
+	// Globals lists every global the pickle references, in order of first
+	// appearance.
+	Globals []string
+	// StatePath is the chain of string keys from Root to the state dict
+	// (empty when Root is the state dict, nil when none was found).
+	StatePath []string
+	// Prefix is a key prefix common to every state-dict key ("module."),
+	// informational only: keys keep it.
+	Prefix string
+
+	f     *os.File
+	stat  os.FileInfo
+	state *Dict
+	keys  []string
+	// storages indexes every storage the pickle references, by key.
+	storages map[string]*Storage
+}
+
+// Open reads a checkpoint's structure. It executes nothing: globals outside
+// the allowlist of torch.load(weights_only=True) make it fail with a
+// *RefusedError before anything is decoded.
+func Open(path string) (*Checkpoint, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	c := &Checkpoint{Path: path, f: f, stat: st, storages: map[string]*Storage{}}
+	if err := c.load(); err != nil {
+		f.Close()
+		var re *RefusedError
+		if errors.As(err, &re) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return c, nil
+}
+
+// Close releases the input file; values not yet decoded are lost.
+func (c *Checkpoint) Close() error { return c.f.Close() }
+
+// Scan lists every global a checkpoint's pickles reference, without
+// decoding them, for a security view. It returns the list even when Open
+// would refuse the file; err reports a file that cannot be walked.
+func Scan(path string) ([]string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	c := &Checkpoint{Path: path, f: f, stat: st}
+	globals, err := c.scanOnly()
+	if err != nil {
+		return globals, fmt.Errorf("%s: %w", path, err)
+	}
+	return globals, nil
+}
+
+func (c *Checkpoint) detect() (Format, error) {
+	head := make([]byte, 4)
+	if _, err := c.f.ReadAt(head, 0); err != nil {
+		return "", errNotPickle
+	}
+	switch {
+	case bytes.Equal(head, []byte("PK\x03\x04")):
+		return FormatZip, nil
+	case head[0] == opProto:
+		return FormatLegacy, nil
+	}
+	tar := make([]byte, 5)
+	if _, err := c.f.ReadAt(tar, 257); err == nil && string(tar) == "ustar" {
+		return "", errors.New("the tar-based checkpoint format of torch < 0.4 is not supported")
+	}
+	return "", errNotPickle
+}
+
+func (c *Checkpoint) scanOnly() ([]string, error) {
+	format, err := c.detect()
+	if err != nil {
+		return nil, err
+	}
+	if format == FormatZip {
+		a, err := c.openZip()
+		if err != nil {
+			return nil, err
+		}
+		_, globals, err := a.readPickle()
+		return globals, err
+	}
+	_, _, globals, err := c.legacyPickles()
+	var re *RefusedError
+	if errors.As(err, &re) {
+		return globals, nil // refusing is Open's business; the list is complete
+	}
+	return globals, err
+}
+
+func (c *Checkpoint) load() error {
+	format, err := c.detect()
+	if err != nil {
+		return err
+	}
+	c.Format = format
+	if format == FormatZip {
+		err = c.loadZip()
+	} else {
+		err = c.loadLegacy()
+	}
+	if err != nil {
+		return err
+	}
+	c.findState()
+	return nil
+}
+
+// archive is an opened zip checkpoint.
+type archive struct {
+	z      *zip.Reader
+	prefix string // top-level folder, with its slash ("archive/")
+	byName map[string]*zip.File
+}
+
+// record looks a record up by its name below the top-level folder.
+func (a *archive) record(name string) *zip.File { return a.byName[a.prefix+name] }
+
+// openZip opens the archive and finds its top-level folder, the one that
+// holds data.pkl.
+func (c *Checkpoint) openZip() (*archive, error) {
+	z, err := zip.NewReader(c.f, c.stat.Size())
+	if err != nil {
+		return nil, fmt.Errorf("reading zip archive: %w", err)
+	}
+	a := &archive{z: z, byName: map[string]*zip.File{}}
+	for _, zf := range z.File {
+		if _, dup := a.byName[zf.Name]; dup {
+			return nil, fmt.Errorf("archive holds two records named %s", zf.Name)
+		}
+		a.byName[zf.Name] = zf
+		dir, base, ok := strings.Cut(zf.Name, "/")
+		if ok && base == "data.pkl" {
+			if a.prefix != "" {
+				return nil, fmt.Errorf("archive has two data.pkl records (%sdata.pkl, %s)", a.prefix, zf.Name)
+			}
+			a.prefix = dir + "/"
+		}
+	}
+	if a.prefix == "" {
+		return nil, errors.New("archive has no <folder>/data.pkl record: not a torch.save file")
+	}
+	return a, nil
+}
+
+func (a *archive) readPickle() ([]byte, []string, error) {
+	zf := a.record("data.pkl")
+	if zf.UncompressedSize64 > maxPickle {
+		return nil, nil, fmt.Errorf("%s is %d bytes, more than %d", zf.Name, zf.UncompressedSize64, maxPickle)
+	}
+	rc, err := zf.Open()
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", zf.Name, err)
+	}
+	defer rc.Close()
+	data, globals, err := scanPickle(bufio.NewReader(rc), int64(zf.UncompressedSize64))
+	if err != nil {
+		return nil, globals, fmt.Errorf("%s: %w", zf.Name, err)
+	}
+	return data, globals, nil
+}
+
+func (c *Checkpoint) loadZip() error {
+	a, err := c.openZip()
+	if err != nil {
+		return err
+	}
+	prefix := a.prefix
+	if a.record("version") == nil {
+		return fmt.Errorf("archive has no %sversion record", prefix)
+	}
+	if bo := a.record("byteorder"); bo != nil {
+		b, err := readSmall(bo)
+		if err != nil {
+			return err
+		}
+		if s := strings.TrimSpace(string(b)); s != "little" {
+			return fmt.Errorf("storages are %q-endian; only little-endian checkpoints are supported", s)
+		}
+	}
+	data, globals, err := a.readPickle()
+	c.Globals = globals
+	if err != nil {
+		return err
+	}
+	if bad := refused(globals); len(bad) > 0 {
+		return &RefusedError{File: c.Path, Part: "data.pkl", Refused: bad, Globals: globals}
+	}
+	u := unpickler{storages: c.storages, resolve: func(key string, dtype DType, numel int, loc string, class *Global) (*Storage, error) {
+		zf := a.record("data/" + key)
+		if zf == nil {
+			return nil, fmt.Errorf("storage %q has no record %sdata/%s", key, prefix, key)
+		}
+		name := zf.Name
+		st := &Storage{Key: key, DType: dtype, Numel: numel, Location: loc, Class: class}
+		st.rec = record{name: name, size: int64(zf.UncompressedSize64), crc: zf.CRC32, hasCRC: true}
+		if zf.Method == zip.Store {
+			off, err := zf.DataOffset()
+			if err != nil {
+				return nil, fmt.Errorf("record %s: %w", name, err)
+			}
+			if zf.CompressedSize64 != zf.UncompressedSize64 || off < 0 || off+st.rec.size > c.stat.Size() {
+				return nil, fmt.Errorf("record %s lies outside the file", name)
+			}
+			st.rec.offset = off
+		} else {
+			st.rec.zf = zf
+		}
+		if err := st.checkSize(); err != nil {
+			return nil, err
+		}
+		return st, nil
+	}}
+	root, err := u.load(data)
+	if err != nil {
+		return fmt.Errorf("%sdata.pkl: %w", prefix, err)
+	}
+	c.Root = root
+	return nil
+}
+
+func (st *Storage) checkSize() error {
+	if need := int64(st.Numel) * int64(st.DType.Size()); st.rec.size < need {
+		return fmt.Errorf("storage %q (%s) holds %d bytes, %d×%s needs %d", st.Key, st.rec.name, st.rec.size, st.Numel, st.DType, need)
+	}
+	return nil
+}
+
+func readSmall(zf *zip.File) ([]byte, error) {
+	rc, err := zf.Open()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", zf.Name, err)
+	}
+	defer rc.Close()
+	b, err := io.ReadAll(io.LimitReader(rc, 1<<10))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", zf.Name, err)
+	}
+	return b, nil
+}
+
+// legacyPickles walks the five pickles of a legacy file: magic number,
+// protocol version, system info, the object itself, and the list of storage
+// keys. It returns the main and key-list pickles, every global referenced,
+// and where the raw storages start.
+func (c *Checkpoint) legacyPickles() (pickles [2][]byte, storagesAt int64, globals []string, err error) {
+	size := c.stat.Size()
+	br := bufio.NewReader(io.NewSectionReader(c.f, 0, size))
+	var pos int64
+	var all [5][]byte
+	seen := map[string]bool{}
+	names := []string{"magic number", "protocol version", "system info", "main object", "storage key list"}
+	for i := range all {
+		data, g, err := scanPickle(br, size-pos)
+		for _, name := range g {
+			if !seen[name] {
+				seen[name] = true
+				globals = append(globals, name)
+			}
+		}
+		if err != nil {
+			return pickles, 0, globals, fmt.Errorf("legacy %s pickle at offset %d: %w", names[i], pos, err)
+		}
+		all[i] = data
+		pos += int64(len(data))
+	}
+	// The header pickles hold plain numbers and dicts; decode them only
+	// once the allowlist has passed.
+	if bad := refused(globals); len(bad) > 0 {
+		return pickles, pos, globals, &RefusedError{File: c.Path, Part: "the pickle", Refused: bad, Globals: globals}
+	}
+	var header [3]Value
+	for i := range header {
+		u := unpickler{resolve: noStorages}
+		if header[i], err = u.load(all[i]); err != nil {
+			return pickles, 0, globals, fmt.Errorf("legacy %s pickle: %w", names[i], err)
+		}
+	}
+	if m, ok := header[0].(*big.Int); !ok || m.Cmp(legacyMagic) != 0 {
+		return pickles, 0, globals, errNotPickle
+	}
+	if v, ok := header[1].(int64); !ok || v != 1001 {
+		return pickles, 0, globals, fmt.Errorf("legacy protocol version %v, want 1001", header[1])
+	}
+	if info, ok := header[2].(*Dict); ok {
+		if le, ok := info.Get("little_endian"); ok && le != true {
+			return pickles, 0, globals, errors.New("storages are big-endian; only little-endian checkpoints are supported")
+		}
+	}
+	return [2][]byte{all[3], all[4]}, pos, globals, nil
+}
+
+func noStorages(key string, _ DType, _ int, _ string, _ *Global) (*Storage, error) {
+	return nil, fmt.Errorf("unexpected storage %q in a header pickle", key)
+}
+
+func (c *Checkpoint) loadLegacy() error {
+	pickles, pos, globals, err := c.legacyPickles()
+	c.Globals = globals
+	if err != nil {
+		return err
+	}
+	u := unpickler{storages: c.storages, resolve: func(key string, dtype DType, numel int, loc string, class *Global) (*Storage, error) {
+		return &Storage{Key: key, DType: dtype, Numel: numel, Location: loc, Class: class}, nil
+	}}
+	root, err := u.load(pickles[0])
+	if err != nil {
+		return fmt.Errorf("legacy main pickle: %w", err)
+	}
+	ku := unpickler{resolve: noStorages}
+	keyList, err := ku.load(pickles[1])
+	if err != nil {
+		return fmt.Errorf("legacy storage key list: %w", err)
+	}
+	keys, ok := keyList.(*List)
+	if !ok {
+		return fmt.Errorf("legacy storage key list is a %s, not a list", typeName(keyList))
+	}
+	// The storages follow, in key-list order: an 8-byte little-endian
+	// element count, then the raw elements.
+	size := c.stat.Size()
+	for _, k := range keys.Items {
+		key, ok := k.(string)
+		if !ok {
+			return fmt.Errorf("legacy storage key %v is not a string", k)
+		}
+		st, ok := c.storages[key]
+		if !ok {
+			return fmt.Errorf("legacy storage %q is listed but no tensor uses it, so its element size is unknown", key)
+		}
+		if st.rec.name != "" {
+			return fmt.Errorf("legacy storage %q is listed twice", key)
+		}
+		var hdr [8]byte
+		if _, err := c.f.ReadAt(hdr[:], pos); err != nil {
+			return fmt.Errorf("legacy storage %q: reading its size at offset %d: %w", key, pos, err)
+		}
+		n := binary.LittleEndian.Uint64(hdr[:])
+		es := int64(st.DType.Size())
+		if n > uint64(size) || pos+8+int64(n)*es > size {
+			return fmt.Errorf("legacy storage %q: %d elements at offset %d run past the end of the file", key, n, pos)
+		}
+		st.rec = record{name: fmt.Sprintf("legacy storage %s at offset %d", key, pos+8), offset: pos + 8, size: int64(n) * es}
+		if err := st.checkSize(); err != nil {
+			return err
+		}
+		pos += 8 + int64(n)*es
+	}
+	for key, st := range c.storages {
+		if st.rec.name == "" {
+			return fmt.Errorf("legacy storage %q is used by a tensor but missing from the file", key)
+		}
+	}
+	c.Root = root
+	return nil
+}
+
+// readRange reads length bytes of a storage's record, starting at start.
+func (c *Checkpoint) readRange(st *Storage, start, length int64) ([]byte, error) {
+	buf := make([]byte, length)
+	if st.rec.zf == nil {
+		if _, err := c.f.ReadAt(buf, st.rec.offset+start); err != nil {
+			return nil, fmt.Errorf("reading %s: %w", st.rec.name, err)
+		}
+		return buf, nil
+	}
+	rc, err := st.rec.zf.Open()
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", st.rec.name, err)
+	}
+	defer rc.Close()
+	if _, err := io.CopyN(io.Discard, rc, start); err != nil {
+		return nil, fmt.Errorf("reading %s: %w", st.rec.name, err)
+	}
+	if _, err := io.ReadFull(rc, buf); err != nil {
+		return nil, fmt.Errorf("reading %s: %w", st.rec.name, err)
+	}
+	return buf, nil
+}
+
+// openRecord streams a storage's whole record.
+func (c *Checkpoint) openRecord(st *Storage) (io.ReadCloser, error) {
+	if st.rec.zf != nil {
+		return st.rec.zf.Open()
+	}
+	return io.NopCloser(io.NewSectionReader(c.f, st.rec.offset, st.rec.size)), nil
+}

@@ -1,0 +1,259 @@
+package pth
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/abnconvert/abnconvert/graph"
+)
+
+var _ graph.Weights = (*Checkpoint)(nil)
+
+// preferredState lists the keys under which training scripts commonly nest
+// the state dict, tried first at each level of the search.
+var preferredState = []string{"state_dict", "model_state_dict", "model", "model_state", "net", "network", "module", "weights", "params", "ema", "state"}
+
+// findState locates the state dict: Root itself, or the first dict, in
+// breadth-first order with preferred keys first, whose values are mostly
+// tensors under dotted keys. Optimizer state dicts are skipped.
+func (c *Checkpoint) findState() {
+	type item struct {
+		d    *Dict
+		path []string
+	}
+	root, ok := c.Root.(*Dict)
+	if !ok {
+		return
+	}
+	queue := []item{{root, []string{}}}
+	for depth := 0; depth < 5 && len(queue) > 0; depth++ {
+		var next []item
+		for _, it := range queue {
+			if isOptimizer(it.d) {
+				continue
+			}
+			if isStateDict(it.d) {
+				c.setState(it.d, it.path)
+				return
+			}
+			for _, k := range childOrder(it.d) {
+				v, _ := it.d.Get(k)
+				if d, ok := v.(*Dict); ok {
+					next = append(next, item{d, append(append([]string{}, it.path...), k)})
+				}
+			}
+		}
+		queue = next
+	}
+}
+
+// childOrder lists a dict's string keys, the preferred names first.
+func childOrder(d *Dict) []string {
+	var first, rest []string
+	for _, p := range preferredState {
+		if _, ok := d.Get(p); ok {
+			first = append(first, p)
+		}
+	}
+	for _, k := range d.keys {
+		s, ok := k.(string)
+		if !ok {
+			continue
+		}
+		pref := false
+		for _, p := range preferredState {
+			pref = pref || p == s
+		}
+		if !pref {
+			rest = append(rest, s)
+		}
+	}
+	return append(first, rest...)
+}
+
+func isOptimizer(d *Dict) bool {
+	_, s := d.Get("state")
+	_, p := d.Get("param_groups")
+	return s && p
+}
+
+// isStateDict: string keys only, at least half of the values tensors, and
+// either dotted keys or nothing but tensors (a bare module such as a single
+// Linear has undotted keys).
+func isStateDict(d *Dict) bool {
+	tensors, dotted := 0, false
+	for i, k := range d.keys {
+		s, ok := k.(string)
+		if !ok {
+			return false
+		}
+		if _, ok := d.vals[i].(*Tensor); ok {
+			tensors++
+			dotted = dotted || strings.Contains(s, ".")
+		}
+	}
+	return tensors > 0 && 2*tensors >= d.Len() && (dotted || tensors == d.Len())
+}
+
+func (c *Checkpoint) setState(d *Dict, path []string) {
+	c.state, c.StatePath = d, path
+	c.keys = nil
+	for i, k := range d.keys {
+		if _, ok := d.vals[i].(*Tensor); ok {
+			c.keys = append(c.keys, k.(string))
+		}
+	}
+	c.Prefix = commonPrefix(c.keys)
+}
+
+// commonPrefix is the longest run of whole dotted components that every key
+// starts with and that leaves each key at least one component of its own.
+func commonPrefix(keys []string) string {
+	if len(keys) < 2 {
+		return ""
+	}
+	prefix := keys[0]
+	for _, k := range keys[1:] {
+		for !strings.HasPrefix(k, prefix) {
+			prefix = prefix[:len(prefix)-1]
+		}
+	}
+	i := strings.LastIndexByte(prefix, '.')
+	if i < 0 {
+		return ""
+	}
+	prefix = prefix[:i+1]
+	for _, k := range keys {
+		if k == prefix[:len(prefix)-1] {
+			return ""
+		}
+	}
+	return prefix
+}
+
+// StateDict returns the state dict, nil when the checkpoint has none.
+func (c *Checkpoint) StateDict() *Dict { return c.state }
+
+// Tensor returns the state-dict tensor under key.
+func (c *Checkpoint) Tensor(key string) (*Tensor, bool) {
+	if c.state == nil {
+		return nil, false
+	}
+	v, _ := c.state.Get(key)
+	t, ok := v.(*Tensor)
+	return t, ok
+}
+
+// Keys lists the state-dict keys that hold tensors, in file order.
+func (c *Checkpoint) Keys() []string { return append([]string(nil), c.keys...) }
+
+// Shape reports a state-dict tensor's shape.
+func (c *Checkpoint) Shape(key string) ([]int, bool) {
+	t, ok := c.Tensor(key)
+	if !ok {
+		return nil, false
+	}
+	return append([]int{}, t.Shape...), true
+}
+
+// DType reports a state-dict tensor's element type ("float32"), "" for an
+// unknown key.
+func (c *Checkpoint) DType(key string) string {
+	t, ok := c.Tensor(key)
+	if !ok {
+		return ""
+	}
+	return string(t.DType())
+}
+
+// Values decodes a state-dict tensor into float64, row-major, honouring its
+// offset and strides; after SetValues it returns the new values.
+func (c *Checkpoint) Values(key string) ([]float64, error) {
+	t, ok := c.Tensor(key)
+	if !ok {
+		return nil, fmt.Errorf("%s: no tensor %q in the state dict", c.Path, key)
+	}
+	v, err := c.TensorValues(t)
+	if err != nil {
+		return nil, fmt.Errorf("%s: tensor %q: %w", c.Path, key, err)
+	}
+	return v, nil
+}
+
+// SetValues replaces a state-dict tensor's values; Write re-encodes them in
+// the tensor's own dtype.
+func (c *Checkpoint) SetValues(key string, v []float64) error {
+	t, ok := c.Tensor(key)
+	if !ok {
+		return fmt.Errorf("%s: no tensor %q in the state dict", c.Path, key)
+	}
+	if err := c.SetTensorValues(t, v); err != nil {
+		return fmt.Errorf("%s: tensor %q: %w", c.Path, key, err)
+	}
+	return nil
+}
+
+// maxDecode bounds the elements TensorValues allocates (16 GiB of float64).
+const maxDecode = 1 << 31
+
+// TensorValues decodes any tensor of the checkpoint (optimizer buffers
+// included) into float64, row-major.
+func (c *Checkpoint) TensorValues(t *Tensor) ([]float64, error) {
+	if t.pending != nil {
+		return append([]float64(nil), t.pending...), nil
+	}
+	es := t.DType().Size()
+	if es == 0 || t.DType() == Complex64 || t.DType() == Complex128 {
+		return nil, fmt.Errorf("dtype %s cannot be decoded to real numbers", t.DType())
+	}
+	n := t.Numel()
+	if n > maxDecode {
+		// A stride-0 (expanded) tensor can claim any size over a tiny
+		// storage; refuse rather than allocate without bound.
+		return nil, fmt.Errorf("tensor of %d elements is more than %d, the most this package decodes", n, maxDecode)
+	}
+	out := make([]float64, n)
+	lo, hi := t.span()
+	if n == 0 || hi == lo {
+		return out, nil
+	}
+	raw, err := c.readRange(t.Storage, int64(lo)*int64(es), int64(hi-lo)*int64(es))
+	if err != nil {
+		return nil, err
+	}
+	if t.Contiguous() {
+		return out, decode(t.DType(), raw, out)
+	}
+	// Walk the multi-index in row-major order, gathering through strides.
+	idx := make([]int, len(t.Shape))
+	for i := 0; i < n; i++ {
+		at := 0
+		for d, j := range idx {
+			at += j * t.Stride[d]
+		}
+		if err := decode(t.DType(), raw[at*es:(at+1)*es], out[i:i+1]); err != nil {
+			return nil, err
+		}
+		for d := len(idx) - 1; d >= 0; d-- {
+			idx[d]++
+			if idx[d] < t.Shape[d] {
+				break
+			}
+			idx[d] = 0
+		}
+	}
+	return out, nil
+}
+
+// SetTensorValues replaces any tensor's values (see SetValues). It checks
+// that the values fit the dtype now, so that Write cannot fail on them.
+func (c *Checkpoint) SetTensorValues(t *Tensor, v []float64) error {
+	if n := t.Numel(); n != len(v) {
+		return fmt.Errorf("shape %v has %d elements, got %d values", t.Shape, n, len(v))
+	}
+	if _, err := encode(t.DType(), v); err != nil {
+		return err
+	}
+	t.pending = append([]float64{}, v...)
+	return nil
+}

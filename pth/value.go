@@ -1,0 +1,285 @@
+package pth
+
+import (
+	"fmt"
+	"math"
+	"math/big"
+	"strconv"
+	"strings"
+)
+
+// Value is one node of a checkpoint's object tree. It holds one of:
+// nil (Python None), bool, int64, *big.Int (integers beyond int64), float64,
+// string, Bytes, *List, *Tuple, *Dict, *Tensor, *Global (a bare allowlisted
+// global such as torch.float32) or *Call (an allowlisted callable applied to
+// arguments, kept as it is, such as torch.Size((3, 4))).
+type Value = any
+
+// Bytes is a Python bytes object.
+type Bytes []byte
+
+// List is a Python list.
+type List struct{ Items []Value }
+
+// Tuple is a Python tuple.
+type Tuple struct{ Items []Value }
+
+// Global names a module-level Python object referenced by the pickle.
+type Global struct{ Module, Name string }
+
+func (g *Global) String() string { return g.Module + "." + g.Name }
+
+// Call is an allowlisted callable applied to arguments (pickle REDUCE) that
+// this package does not interpret; it is written back unchanged.
+type Call struct {
+	Func *Global
+	Args *Tuple
+}
+
+// Dict is a Python dict or collections.OrderedDict. It keeps insertion
+// order, as both do, and accepts any hashable key (optimizer states are
+// keyed by int).
+type Dict struct {
+	// Ordered marks a collections.OrderedDict.
+	Ordered bool
+	// State holds the attributes set through BUILD on an OrderedDict: a
+	// state dict's "_metadata". Nil when none.
+	State *Dict
+
+	keys  []Value
+	vals  []Value
+	index map[hashKey]int
+}
+
+// NewDict returns an empty dict.
+func NewDict(ordered bool) *Dict { return &Dict{Ordered: ordered, index: map[hashKey]int{}} }
+
+// Len is the number of entries.
+func (d *Dict) Len() int { return len(d.keys) }
+
+// Keys lists the keys in insertion order.
+func (d *Dict) Keys() []Value { return append([]Value(nil), d.keys...) }
+
+// Entry returns the i-th key and value in insertion order.
+func (d *Dict) Entry(i int) (Value, Value) { return d.keys[i], d.vals[i] }
+
+// Get looks a key up.
+func (d *Dict) Get(k Value) (Value, bool) {
+	h, err := hashOf(k)
+	if err != nil {
+		return nil, false
+	}
+	i, ok := d.index[h]
+	if !ok {
+		return nil, false
+	}
+	return d.vals[i], true
+}
+
+// Set adds or replaces an entry; a replaced entry keeps its position, as in
+// Python. It fails for an unhashable key.
+func (d *Dict) Set(k, v Value) error {
+	h, err := hashOf(k)
+	if err != nil {
+		return err
+	}
+	if d.index == nil {
+		d.index = map[hashKey]int{}
+	}
+	if i, ok := d.index[h]; ok {
+		d.vals[i] = v
+		return nil
+	}
+	d.index[h] = len(d.keys)
+	d.keys = append(d.keys, k)
+	d.vals = append(d.vals, v)
+	return nil
+}
+
+// Delete removes a key and reports whether it was present.
+func (d *Dict) Delete(k Value) bool {
+	h, err := hashOf(k)
+	if err != nil {
+		return false
+	}
+	i, ok := d.index[h]
+	if !ok {
+		return false
+	}
+	d.keys = append(d.keys[:i], d.keys[i+1:]...)
+	d.vals = append(d.vals[:i], d.vals[i+1:]...)
+	delete(d.index, h)
+	for j := i; j < len(d.keys); j++ {
+		hj, _ := hashOf(d.keys[j])
+		d.index[hj] = j
+	}
+	return true
+}
+
+// hashKey is a comparable stand-in for a Python key. Like Python, it makes
+// True equal 1 and 2.0 equal 2.
+type hashKey struct {
+	kind byte
+	s    string
+	i    int64
+	f    float64
+}
+
+func hashOf(k Value) (hashKey, error) {
+	switch k := k.(type) {
+	case nil:
+		return hashKey{kind: 'n'}, nil
+	case bool:
+		if k {
+			return hashKey{kind: 'i', i: 1}, nil
+		}
+		return hashKey{kind: 'i'}, nil
+	case int64:
+		return hashKey{kind: 'i', i: k}, nil
+	case *big.Int:
+		if k.IsInt64() {
+			return hashKey{kind: 'i', i: k.Int64()}, nil
+		}
+		return hashKey{kind: 'b', s: k.String()}, nil
+	case float64:
+		if k == math.Trunc(k) && math.Abs(k) < 1<<62 {
+			return hashKey{kind: 'i', i: int64(k)}, nil
+		}
+		return hashKey{kind: 'f', f: k}, nil
+	case string:
+		return hashKey{kind: 's', s: k}, nil
+	case Bytes:
+		return hashKey{kind: 'y', s: string(k)}, nil
+	case *Global:
+		return hashKey{kind: 'g', s: k.String()}, nil
+	case *Tuple:
+		var b strings.Builder
+		for _, it := range k.Items {
+			h, err := hashOf(it)
+			if err != nil {
+				return hashKey{}, err
+			}
+			fmt.Fprintf(&b, "%c%q/%d/%v;", h.kind, h.s, h.i, h.f)
+		}
+		return hashKey{kind: 't', s: b.String()}, nil
+	}
+	return hashKey{}, fmt.Errorf("unhashable dict key of type %s", typeName(k))
+}
+
+// typeName names a Value's Python type, for error messages.
+func typeName(v Value) string {
+	switch v := v.(type) {
+	case nil:
+		return "None"
+	case bool:
+		return "bool"
+	case int64, *big.Int:
+		return "int"
+	case float64:
+		return "float"
+	case string:
+		return "str"
+	case Bytes:
+		return "bytes"
+	case *List:
+		return "list"
+	case *Tuple:
+		return "tuple"
+	case *Dict:
+		if v.Ordered {
+			return "OrderedDict"
+		}
+		return "dict"
+	case *Tensor:
+		return "Tensor"
+	case *Global:
+		return v.String()
+	case *Call:
+		return v.Func.String() + "(...)"
+	}
+	return fmt.Sprintf("%T", v)
+}
+
+// keyString renders a dict key for paths in messages and warnings.
+func keyString(k Value) string {
+	switch k := k.(type) {
+	case string:
+		return k
+	case int64:
+		return strconv.FormatInt(k, 10)
+	}
+	return fmt.Sprint(k)
+}
+
+// Tensor is a tensor of the checkpoint: a strided view of a storage. Its
+// bytes stay in the file until they are asked for.
+type Tensor struct {
+	Storage *Storage
+	// Offset is the element offset into the storage.
+	Offset int
+	Shape  []int
+	Stride []int
+	// RequiresGrad is _rebuild_tensor_v2's requires_grad argument.
+	RequiresGrad bool
+	// Param marks a torch.nn.Parameter (rebuilt through _rebuild_parameter),
+	// whose own requires_grad is ParamRequiresGrad.
+	Param             bool
+	ParamRequiresGrad bool
+	// Metadata is _rebuild_tensor_v2's optional seventh argument (torch
+	// 2.x); nil when absent.
+	Metadata Value
+
+	pending []float64 // replacement values set through SetValues
+}
+
+// DType is the tensor's element type.
+func (t *Tensor) DType() DType { return t.Storage.DType }
+
+// Numel is the number of elements (1 for a scalar).
+func (t *Tensor) Numel() int {
+	n := 1
+	for _, d := range t.Shape {
+		n *= d
+	}
+	return n
+}
+
+// Contiguous reports whether the tensor is laid out row-major without gaps.
+func (t *Tensor) Contiguous() bool {
+	want := 1
+	for i := len(t.Shape) - 1; i >= 0; i-- {
+		if t.Shape[i] != 1 && t.Stride[i] != want {
+			return false
+		}
+		want *= t.Shape[i]
+	}
+	return true
+}
+
+// Changed reports whether SetValues replaced the tensor's values.
+func (t *Tensor) Changed() bool { return t.pending != nil }
+
+// Storage is one storage record of the checkpoint, shared by every tensor
+// that views it.
+type Storage struct {
+	Key   string
+	DType DType
+	// Numel is the element count the persistent id declares.
+	Numel    int
+	Location string
+	// Class is the storage class global of the persistent id
+	// (torch.FloatStorage).
+	Class *Global
+
+	rec record
+}
+
+// record locates a storage's bytes in the input file.
+type record struct {
+	name   string // zip record name, or a description for legacy files
+	offset int64  // start of the bytes in the file (stored records)
+	size   int64
+	crc    uint32
+	hasCRC bool
+	zf     zipOpener // non-nil for a compressed zip record
+}

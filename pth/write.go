@@ -1,0 +1,282 @@
+package pth
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// WriteOptions controls Write.
+type WriteOptions struct {
+	// Force allows replacing an existing file (never the input itself).
+	Force bool
+}
+
+// writePlan says where each tensor's bytes go in the output.
+type writePlan struct {
+	tensors  map[*Tensor]outTensor
+	storages []*outStorage // sorted by key, the order torch writes records in
+}
+
+type outTensor struct {
+	st     *outStorage
+	offset int
+	stride []int
+}
+
+type outStorage struct {
+	key      string
+	class    *Global
+	location string
+	numel    int
+	src      *Storage // copy this input record when data is nil
+	data     []byte   // new contents
+}
+
+// walkTensors visits every distinct tensor of the tree once, in the order
+// the pickler meets them.
+func walkTensors(v Value, seen map[any]bool, visit func(*Tensor)) {
+	switch v := v.(type) {
+	case *Tensor:
+		if !seen[v] {
+			seen[v] = true
+			visit(v)
+		}
+	case *List:
+		if !seen[v] {
+			seen[v] = true
+			for _, it := range v.Items {
+				walkTensors(it, seen, visit)
+			}
+		}
+	case *Tuple:
+		if !seen[v] {
+			seen[v] = true
+			for _, it := range v.Items {
+				walkTensors(it, seen, visit)
+			}
+		}
+	case *Call:
+		walkTensors(v.Args, seen, visit)
+	case *Dict:
+		if !seen[v] {
+			seen[v] = true
+			for i := range v.keys {
+				walkTensors(v.keys[i], seen, visit)
+				walkTensors(v.vals[i], seen, visit)
+			}
+			if v.State != nil {
+				walkTensors(v.State, seen, visit)
+			}
+		}
+	}
+}
+
+// plan decides the output storage of every tensor. An unchanged tensor
+// keeps its storage, copied byte for byte. A changed tensor that owns its
+// storage exactly (offset 0, contiguous, sole user, same element count) has
+// that record rewritten under the same key; any other changed tensor gets a
+// fresh contiguous storage under a new key, so that the tensors it shared
+// its storage with keep their values.
+func (c *Checkpoint) plan() (*writePlan, error) {
+	var order []*Tensor
+	users := map[*Storage]int{}
+	walkTensors(c.Root, map[any]bool{}, func(t *Tensor) {
+		order = append(order, t)
+		users[t.Storage]++
+	})
+	used := map[string]bool{}
+	for k := range c.storages {
+		used[k] = true
+	}
+	next := 0
+	newKey := func() string {
+		for used[strconv.Itoa(next)] {
+			next++
+		}
+		used[strconv.Itoa(next)] = true
+		return strconv.Itoa(next)
+	}
+	p := &writePlan{tensors: map[*Tensor]outTensor{}}
+	byInput := map[*Storage]*outStorage{}
+	for _, t := range order {
+		st := t.Storage
+		if !t.Changed() {
+			out := byInput[st]
+			if out == nil {
+				out = &outStorage{key: st.Key, class: st.Class, location: st.Location, numel: st.Numel, src: st}
+				byInput[st] = out
+				p.storages = append(p.storages, out)
+			}
+			p.tensors[t] = outTensor{out, t.Offset, t.Stride}
+			continue
+		}
+		data, err := encode(st.DType, t.pending)
+		if err != nil {
+			return nil, err
+		}
+		if t.Offset == 0 && t.Contiguous() && users[st] == 1 && t.Numel() == st.Numel {
+			out := &outStorage{key: st.Key, class: st.Class, location: st.Location, numel: st.Numel, data: data}
+			byInput[st] = out
+			p.storages = append(p.storages, out)
+			p.tensors[t] = outTensor{out, 0, t.Stride}
+			continue
+		}
+		out := &outStorage{key: newKey(), class: &Global{"torch", st.DType.storageClass()}, location: st.Location, numel: t.Numel(), data: data}
+		p.storages = append(p.storages, out)
+		p.tensors[t] = outTensor{out, 0, contiguousStride(t.Shape)}
+	}
+	sort.Slice(p.storages, func(i, j int) bool { return p.storages[i].key < p.storages[j].key })
+	for _, s := range p.storages {
+		if s.key == "" || strings.ContainsAny(s.key, "/\\\x00") || s.key == "." || s.key == ".." {
+			return nil, fmt.Errorf("storage key %q cannot name a zip record", s.key)
+		}
+	}
+	return p, nil
+}
+
+func contiguousStride(shape []int) []int {
+	s := make([]int, len(shape))
+	n := 1
+	for i := len(shape) - 1; i >= 0; i-- {
+		s[i] = n
+		n *= shape[i]
+	}
+	return s
+}
+
+// WriteTo writes the checkpoint, with every SetValues change, as a zip
+// archive laid out as torch.save lays it out (folder "archive", stored
+// records aligned to 64 bytes), to w. Unchanged storages are streamed from
+// the input through a fixed buffer; a zip input's CRC is checked on the
+// way. The output depends only on the checkpoint and its changes.
+func (c *Checkpoint) WriteTo(w io.Writer) (int64, error) {
+	return c.writeTo(w, false)
+}
+
+func (c *Checkpoint) writeTo(w io.Writer, force64 bool) (int64, error) {
+	plan, err := c.plan()
+	if err != nil {
+		return 0, err
+	}
+	pkl, err := newPickler(plan).dump(c.Root)
+	if err != nil {
+		return 0, err
+	}
+	z := newZipWriter(w)
+	z.force64 = force64
+	add := func(name string, b []byte) error {
+		_, err := z.add(name, int64(len(b)), bytes.NewReader(b))
+		return err
+	}
+	if err := add("archive/data.pkl", pkl); err != nil {
+		return z.off, err
+	}
+	if err := add("archive/byteorder", []byte("little")); err != nil {
+		return z.off, err
+	}
+	for _, s := range plan.storages {
+		name := "archive/data/" + s.key
+		if s.data != nil {
+			if err := add(name, s.data); err != nil {
+				return z.off, err
+			}
+			continue
+		}
+		if err := c.copyRecord(z, name, s.src); err != nil {
+			return z.off, err
+		}
+	}
+	// torch writes "3\n"; its loader reads the leading number.
+	if err := add("archive/version", []byte("3\n")); err != nil {
+		return z.off, err
+	}
+	return z.off, z.close()
+}
+
+func (c *Checkpoint) copyRecord(z *zipWriter, name string, st *Storage) error {
+	rc, err := c.openRecord(st)
+	if err != nil {
+		return fmt.Errorf("%s: %s: %w", c.Path, st.rec.name, err)
+	}
+	defer rc.Close()
+	crc, err := z.add(name, st.rec.size, rc)
+	if err != nil {
+		return fmt.Errorf("%s: copying %s: %w", c.Path, st.rec.name, err)
+	}
+	if st.rec.hasCRC && crc != st.rec.crc {
+		return fmt.Errorf("%s: record %s is corrupt: CRC-32 %08x, the archive records %08x", c.Path, st.rec.name, crc, st.rec.crc)
+	}
+	return nil
+}
+
+// Write writes the checkpoint to path (see WriteTo) through a temporary
+// file in the same directory, synced and renamed into place, so that a
+// failed write leaves nothing behind. It refuses to overwrite the input
+// file, and any existing file unless opt.Force is set.
+func (c *Checkpoint) Write(path string, opt WriteOptions) (err error) {
+	return c.write(path, opt, false)
+}
+
+func (c *Checkpoint) write(path string, opt WriteOptions, force64 bool) (err error) {
+	mode := fs.FileMode(0o644)
+	if st, err := os.Stat(path); err == nil {
+		if os.SameFile(st, c.stat) {
+			return fmt.Errorf("%s: refusing to overwrite the input checkpoint %s", path, c.Path)
+		}
+		if !opt.Force {
+			return fmt.Errorf("%s: file exists (use force to replace it)", path)
+		}
+		if !st.Mode().IsRegular() {
+			return fmt.Errorf("%s: not a regular file", path)
+		}
+		mode = st.Mode().Perm()
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	dir := filepath.Dir(path)
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			tmp.Close()
+			os.Remove(tmp.Name())
+		}
+	}()
+	bw := bufio.NewWriterSize(tmp, 1<<16)
+	if _, err = c.writeTo(bw, force64); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	if err = bw.Flush(); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	if err = tmp.Chmod(mode); err != nil {
+		return err
+	}
+	if err = tmp.Sync(); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	if err = tmp.Close(); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	if err = os.Rename(tmp.Name(), path); err != nil {
+		return err
+	}
+	// Make the rename durable; failing to sync a directory is not worth
+	// failing a finished write for.
+	if d, derr := os.Open(dir); derr == nil {
+		d.Sync()
+		d.Close()
+	}
+	return nil
+}

@@ -1,0 +1,232 @@
+package pth
+
+import (
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+	"io"
+)
+
+// zipWriter writes an archive the way torch's own writer lays it out:
+// records stored (uncompressed), each record's data aligned to 64 bytes by
+// padding inside an extra field of the local header (id 0x4246, "FB"), CRC
+// and sizes in a data descriptor so that data can be streamed, fixed
+// timestamps, zip64 records only where sizes or offsets need them.
+// archive/zip cannot choose where data lands, hence this writer.
+type zipWriter struct {
+	w       io.Writer
+	off     int64
+	entries []zipEntry
+	// force64 makes every entry and the end record use zip64 fields; tests
+	// use it to exercise those paths without writing 4 GiB.
+	force64 bool
+	buf     []byte
+}
+
+type zipEntry struct {
+	name   string
+	off    int64
+	size   int64
+	crc    uint32
+	zip64  bool // sizes in zip64 form (local extra, 8-byte descriptor)
+	offset bool // header offset in the zip64 extra of the central directory
+}
+
+const (
+	zipAlign   = 64
+	max32      = 0xffffffff
+	dosDate    = 0x0021 // 1980-01-01: fixed, so identical input gives identical bytes
+	dosTime    = 0
+	flagDesc   = 0x0008 // CRC and sizes follow the data
+	flagUTF8   = 0x0800
+	copyBufLen = 1 << 20
+)
+
+func newZipWriter(w io.Writer) *zipWriter {
+	return &zipWriter{w: w, buf: make([]byte, copyBufLen)}
+}
+
+func (z *zipWriter) write(b []byte) error {
+	n, err := z.w.Write(b)
+	z.off += int64(n)
+	return err
+}
+
+// add writes one record of exactly size bytes read from src, through a
+// fixed buffer, and returns the CRC-32 of what it wrote.
+func (z *zipWriter) add(name string, size int64, src io.Reader) (uint32, error) {
+	e := zipEntry{name: name, off: z.off, size: size, zip64: z.force64 || size >= max32}
+	e.offset = z.force64 || e.off >= max32
+	le := binary.LittleEndian
+	var extra []byte
+	version := uint16(20)
+	if e.zip64 {
+		version = 45
+		// Sizes are zero here: the data descriptor carries them.
+		extra = le.AppendUint16(extra, 0x0001)
+		extra = le.AppendUint16(extra, 16)
+		extra = le.AppendUint64(extra, 0)
+		extra = le.AppendUint64(extra, 0)
+	}
+	base := e.off + 30 + int64(len(name)) + int64(len(extra)) + 4
+	pad := int((zipAlign - base%zipAlign) % zipAlign)
+	extra = le.AppendUint16(extra, 0x4246)
+	extra = le.AppendUint16(extra, uint16(pad))
+	for i := 0; i < pad; i++ {
+		extra = append(extra, 'Z')
+	}
+	var h []byte
+	h = le.AppendUint32(h, 0x04034b50)
+	h = le.AppendUint16(h, version)
+	h = le.AppendUint16(h, flagDesc|flagUTF8)
+	h = le.AppendUint16(h, 0) // stored
+	h = le.AppendUint16(h, dosTime)
+	h = le.AppendUint16(h, dosDate)
+	h = le.AppendUint32(h, 0) // CRC: in the descriptor
+	if e.zip64 {
+		h = le.AppendUint32(h, max32)
+		h = le.AppendUint32(h, max32)
+	} else {
+		h = le.AppendUint32(h, 0)
+		h = le.AppendUint32(h, 0)
+	}
+	h = le.AppendUint16(h, uint16(len(name)))
+	h = le.AppendUint16(h, uint16(len(extra)))
+	h = append(h, name...)
+	h = append(h, extra...)
+	if err := z.write(h); err != nil {
+		return 0, err
+	}
+	if z.off%zipAlign != 0 {
+		return 0, fmt.Errorf("zip writer: record %s misaligned at %d", name, z.off)
+	}
+	crc := crc32.NewIEEE()
+	n, err := io.CopyBuffer(onlyWriter{io.MultiWriter(z.w, crc)}, io.LimitReader(src, size), z.buf)
+	z.off += n
+	if err != nil {
+		return 0, fmt.Errorf("writing %s: %w", name, err)
+	}
+	if n != size {
+		return 0, fmt.Errorf("writing %s: source ended after %d of %d bytes", name, n, size)
+	}
+	e.crc = crc.Sum32()
+	var d []byte
+	d = le.AppendUint32(d, 0x08074b50)
+	d = le.AppendUint32(d, e.crc)
+	if e.zip64 {
+		d = le.AppendUint64(d, uint64(size))
+		d = le.AppendUint64(d, uint64(size))
+	} else {
+		d = le.AppendUint32(d, uint32(size))
+		d = le.AppendUint32(d, uint32(size))
+	}
+	if err := z.write(d); err != nil {
+		return 0, err
+	}
+	z.entries = append(z.entries, e)
+	return e.crc, nil
+}
+
+// onlyWriter hides io.ReaderFrom so that io.CopyBuffer really goes through
+// the fixed buffer.
+type onlyWriter struct{ io.Writer }
+
+// close writes the central directory and the end records.
+func (z *zipWriter) close() error {
+	le := binary.LittleEndian
+	cdStart := z.off
+	for _, e := range z.entries {
+		var extra []byte
+		if e.zip64 || e.offset {
+			var fields []byte
+			if e.zip64 {
+				fields = le.AppendUint64(fields, uint64(e.size))
+				fields = le.AppendUint64(fields, uint64(e.size))
+			}
+			if e.offset {
+				fields = le.AppendUint64(fields, uint64(e.off))
+			}
+			extra = le.AppendUint16(extra, 0x0001)
+			extra = le.AppendUint16(extra, uint16(len(fields)))
+			extra = append(extra, fields...)
+		}
+		version := uint16(20)
+		if e.zip64 || e.offset {
+			version = 45
+		}
+		var h []byte
+		h = le.AppendUint32(h, 0x02014b50)
+		h = le.AppendUint16(h, version) // made by: MS-DOS, spec version
+		h = le.AppendUint16(h, version)
+		h = le.AppendUint16(h, flagDesc|flagUTF8)
+		h = le.AppendUint16(h, 0)
+		h = le.AppendUint16(h, dosTime)
+		h = le.AppendUint16(h, dosDate)
+		h = le.AppendUint32(h, e.crc)
+		if e.zip64 {
+			h = le.AppendUint32(h, max32)
+			h = le.AppendUint32(h, max32)
+		} else {
+			h = le.AppendUint32(h, uint32(e.size))
+			h = le.AppendUint32(h, uint32(e.size))
+		}
+		h = le.AppendUint16(h, uint16(len(e.name)))
+		h = le.AppendUint16(h, uint16(len(extra)))
+		h = le.AppendUint16(h, 0) // comment
+		h = le.AppendUint16(h, 0) // disk
+		h = le.AppendUint16(h, 0) // internal attributes
+		h = le.AppendUint32(h, 0) // external attributes
+		if e.offset {
+			h = le.AppendUint32(h, max32)
+		} else {
+			h = le.AppendUint32(h, uint32(e.off))
+		}
+		h = append(h, e.name...)
+		h = append(h, extra...)
+		if err := z.write(h); err != nil {
+			return err
+		}
+	}
+	cdEnd := z.off
+	count := len(z.entries)
+	need64 := z.force64 || count >= 0xffff || cdStart >= max32 || cdEnd-cdStart >= max32
+	var t []byte
+	if need64 {
+		rec := z.off
+		t = le.AppendUint32(t, 0x06064b50)
+		t = le.AppendUint64(t, 44)
+		t = le.AppendUint16(t, 45)
+		t = le.AppendUint16(t, 45)
+		t = le.AppendUint32(t, 0)
+		t = le.AppendUint32(t, 0)
+		t = le.AppendUint64(t, uint64(count))
+		t = le.AppendUint64(t, uint64(count))
+		t = le.AppendUint64(t, uint64(cdEnd-cdStart))
+		t = le.AppendUint64(t, uint64(cdStart))
+		t = le.AppendUint32(t, 0x07064b50)
+		t = le.AppendUint32(t, 0)
+		t = le.AppendUint64(t, uint64(rec))
+		t = le.AppendUint32(t, 1)
+	}
+	clamp16 := func(n int) uint16 {
+		if need64 || n >= 0xffff {
+			return 0xffff
+		}
+		return uint16(n)
+	}
+	clamp32 := func(n int64) uint32 {
+		if need64 || n >= max32 {
+			return max32
+		}
+		return uint32(n)
+	}
+	t = le.AppendUint32(t, 0x06054b50)
+	t = le.AppendUint16(t, 0)
+	t = le.AppendUint16(t, 0)
+	t = le.AppendUint16(t, clamp16(count))
+	t = le.AppendUint16(t, clamp16(count))
+	t = le.AppendUint32(t, clamp32(cdEnd-cdStart))
+	t = le.AppendUint32(t, clamp32(cdStart))
+	t = le.AppendUint16(t, 0)
+	return z.write(t)
+}
