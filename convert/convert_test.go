@@ -212,3 +212,75 @@ func TestInspect(t *testing.T) {
 		t.Errorf("text lacks the architecture:\n%s", b.String())
 	}
 }
+
+// TestNestedTrainingCheckpoint converts a checkpoint as training scripts
+// save it: the state dict of a DataParallel model nested under
+// "state_dict", an epoch, and SGD momentum. The structure and the other
+// entries survive, keys keep "module.", and each momentum buffer follows
+// its parameter: negated on the channels whose sign the conversion flipped.
+func TestNestedTrainingCheckpoint(t *testing.T) {
+	dir := t.TempDir()
+	out := filepath.Join(dir, "out.pth")
+	res, err := Run(Options{Input: fixture("tiny_resnet_nested"), Output: out})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(res.StatePath, ".") != "state_dict" || res.Prefix != "module." {
+		t.Fatalf("state path %v, prefix %q", res.StatePath, res.Prefix)
+	}
+	if len(res.Report.Flips) == 0 {
+		t.Fatal("fixture has no sign flips: the test would prove nothing")
+	}
+	in, conv := open(t, fixture("tiny_resnet_nested")), open(t, out)
+	root := conv.Root.(*pth.Dict)
+	if e, ok := root.Get("epoch"); !ok || e != int64(3) {
+		t.Fatalf("epoch = %v", e)
+	}
+	if a, ok := root.Get("arch"); !ok || a != "resnet-tiny" {
+		t.Fatalf("arch = %v", a)
+	}
+	// Parameters in state-dict order, as model.parameters() lists them.
+	var params []string
+	for _, k := range in.Keys() {
+		if !strings.HasSuffix(k, "running_mean") && !strings.HasSuffix(k, "running_var") && !strings.HasSuffix(k, "num_batches_tracked") {
+			params = append(params, k)
+		}
+	}
+	momentum := func(ck *pth.Checkpoint, i int) []float64 {
+		opt, _ := ck.Root.(*pth.Dict).Get("optimizer")
+		state, _ := opt.(*pth.Dict).Get("state")
+		ps, ok := state.(*pth.Dict).Get(int64(i))
+		if !ok {
+			t.Fatalf("no optimizer state for parameter %d (%s)", i, params[i])
+		}
+		buf, _ := ps.(*pth.Dict).Get("momentum_buffer")
+		v, err := ck.TensorValues(buf.(*pth.Tensor))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	checked := 0
+	for i, k := range params {
+		a, b := momentum(in, i), momentum(conv, i)
+		shape, _ := in.Shape(k)
+		per := len(a) / shape[0]
+		flipped := map[int]bool{}
+		for _, c := range res.Report.Flips[k] {
+			flipped[c] = true
+		}
+		for j := range a {
+			want := a[j]
+			if flipped[j/per] {
+				want = -want
+				checked++
+			}
+			if b[j] != want {
+				t.Fatalf("%s momentum[%d] = %v, want %v", k, j, b[j], want)
+			}
+		}
+	}
+	if checked == 0 {
+		t.Fatal("no negated momentum checked")
+	}
+}
