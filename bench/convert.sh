@@ -8,7 +8,9 @@
 # Checkpoints are made by real torchvision (random weights, same size and
 # layout as the released ones) in $BENCH_DIR (default /tmp/abn-bench). Each
 # tool runs 3 times after a warm-up copy (page cache warm for all three); the
-# median wall time and the largest peak RSS are reported. The table is
+# median wall time and the largest peak RSS are reported. `cp` does not
+# flush to disk, and neither does abnconvert by default (it renames a
+# complete temporary file into place); the --fsync column adds the flush. The table is
 # written to stdout and to bench/convert.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,8 +38,8 @@ measure() { # prints "seconds maxrss_kb" of the median-time run of 3
   echo "Command: \`bash bench/convert.sh ${models[*]}\` on $(nproc) cores, $(date -u +%Y-%m-%d), $(/usr/bin/python3 -c 'import torch; print("torch", torch.__version__)')."
   echo "Median of 3 runs, page cache warm; peak RSS is the largest of the 3."
   echo
-  echo "| checkpoint | size | cp | abnconvert | ratio to cp | abnconvert peak RSS | Python baseline | baseline peak RSS |"
-  echo "|---|---|---|---|---|---|---|---|"
+  echo "| checkpoint | size | cp | abnconvert | ratio to cp | abnconvert peak RSS | abnconvert --fsync | Python baseline | baseline peak RSS |"
+  echo "|---|---|---|---|---|---|---|---|---|"
 } > "$dir/table.md"
 
 for m in "${models[@]}"; do
@@ -49,9 +51,10 @@ for m in "${models[@]}"; do
   cp "$in" "$dir/warm.pth" && rm -f "$dir/warm.pth"
   read -r cpt cpm < <(measure "$dir/cp.pth" cp "$in" "$dir/cp.pth")
   read -r abt abm < <(measure "$dir/abn.pth" bin/abnconvert convert --input "$in" --output "$dir/abn.pth" --quiet)
+  read -r aft afm < <(measure "$dir/abn.pth" bin/abnconvert convert --input "$in" --output "$dir/abn.pth" --quiet --fsync)
   read -r pyt pym < <(measure "$dir/py.pth" /usr/bin/python3 "$baseline" "$in" "$dir/py.pth")
   ratio=$(awk -v a="$abt" -v c="$cpt" 'BEGIN{ if (c>0) printf "%.2fx", a/c; else print "n/a" }')
-  printf '| %s | %d MB | %s s | %s s | %s | %d MB | %s s | %d MB |\n' "$m" $((size/1000000)) "$cpt" "$abt" "$ratio" $((abm/1024)) "$pyt" $((pym/1024)) >> "$dir/table.md"
+  printf '| %s | %d MB | %s s | %s s | %s | %d MB | %s s | %s s | %d MB |\n' "$m" $((size/1000000)) "$cpt" "$abt" "$ratio" $((abm/1024)) "$aft" "$pyt" $((pym/1024)) >> "$dir/table.md"
   rm -f "$dir/cp.pth" "$dir/abn.pth" "$dir/py.pth"
 done
 cp "$dir/table.md" bench/convert.md

@@ -149,6 +149,7 @@ func convertFlags() []cli.Flag {
 		archFlag(), reluFlag(), slopeFlag(),
 		&cli.BoolFlag{Name: "sync", Usage: "use InPlaceABNSync (batch statistics across torch.distributed ranks)"},
 		&cli.BoolFlag{Name: "force", Aliases: []string{"f"}, Usage: "overwrite existing output files"},
+		&cli.BoolFlag{Name: "fsync", Usage: "flush outputs to disk before renaming them into place (durable against power loss; a failed run never leaves partial output either way)"},
 		&cli.BoolFlag{Name: "json", Usage: "print the report as JSON on stdout instead of a table"},
 		&cli.BoolFlag{Name: "quiet", Aliases: []string{"q"}, Usage: "no table and no progress; errors still go to stderr"},
 		&cli.StringFlag{Name: "dump-after", Usage: "print the IR after the named rewrite pass (to stderr), for debugging"},
@@ -176,6 +177,7 @@ func convertAction(c *cli.Context) error {
 		Slope:      c.Float64("slope"),
 		Sync:       c.Bool("sync"),
 		Force:      c.Bool("force"),
+		Fsync:      c.Bool("fsync"),
 		DumpAfter:  c.String("dump-after"),
 		Command:    strings.Join(os.Args, " "),
 	}

@@ -33,6 +33,7 @@ type Options struct {
 	Slope      float64
 	Sync       bool
 	Force      bool
+	Fsync      bool // flush outputs to disk before renaming them into place
 	DumpAfter  string
 	Dump       io.Writer
 	Progress   io.Writer // nil: silent
@@ -152,7 +153,7 @@ func Run(opt Options) (*Result, error) {
 	}
 
 	opt.progress("writing %s", opt.Output)
-	if err := ck.Write(opt.Output, pth.WriteOptions{Force: opt.Force}); err != nil {
+	if err := ck.Write(opt.Output, pth.WriteOptions{Force: opt.Force, Sync: opt.Fsync}); err != nil {
 		return nil, err
 	}
 	var written []string
@@ -163,7 +164,7 @@ func Run(opt Options) (*Result, error) {
 		}
 	}
 	if module != nil {
-		if err := writeFileAtomic(opt.EmitModule, module, opt.Force); err != nil {
+		if err := writeFileAtomic(opt.EmitModule, module, opt.Force, opt.Fsync); err != nil {
 			undo()
 			return nil, err
 		}
@@ -173,7 +174,7 @@ func Run(opt Options) (*Result, error) {
 	if opt.ReportPath != "" {
 		b, err := json.MarshalIndent(res, "", "  ")
 		if err == nil {
-			err = writeFileAtomic(opt.ReportPath, append(b, '\n'), opt.Force)
+			err = writeFileAtomic(opt.ReportPath, append(b, '\n'), opt.Force, opt.Fsync)
 		}
 		if err != nil {
 			undo()
@@ -253,7 +254,7 @@ func unwrapPathError(err error) error {
 // writeFileAtomic writes data to a temporary file beside path, syncs it and
 // renames it into place, so that readers see the old file or the new one,
 // never half of one.
-func writeFileAtomic(path string, data []byte, force bool) error {
+func writeFileAtomic(path string, data []byte, force, sync bool) error {
 	if !force {
 		if _, err := os.Stat(path); err == nil {
 			return fmt.Errorf("%s: already exists (use --force to overwrite)", path)
@@ -277,8 +278,10 @@ func writeFileAtomic(path string, data []byte, force bool) error {
 	if err := f.Chmod(0o644); err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}
-	if err := f.Sync(); err != nil {
-		return fmt.Errorf("%s: %w", path, err)
+	if sync {
+		if err := f.Sync(); err != nil {
+			return fmt.Errorf("%s: %w", path, err)
+		}
 	}
 	if err := f.Close(); err != nil {
 		return fmt.Errorf("%s: %w", path, err)

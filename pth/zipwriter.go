@@ -100,8 +100,15 @@ func (z *zipWriter) add(name string, size int64, src io.Reader) (uint32, error) 
 	if z.off%zipAlign != 0 {
 		return 0, fmt.Errorf("zip writer: record %s misaligned at %d", name, z.off)
 	}
-	crc := crc32.NewIEEE()
-	n, err := io.CopyBuffer(onlyWriter{io.MultiWriter(z.w, crc)}, io.LimitReader(src, size), z.buf)
+	var n int64
+	var err error
+	if size > copyBufLen {
+		n, e.crc, err = pipeCopy(z.w, src, size, copyBufLen)
+	} else {
+		crc := crc32.NewIEEE()
+		n, err = io.CopyBuffer(onlyWriter{io.MultiWriter(z.w, crc)}, io.LimitReader(src, size), z.buf)
+		e.crc = crc.Sum32()
+	}
 	z.off += n
 	if err != nil {
 		return 0, fmt.Errorf("writing %s: %w", name, err)
@@ -109,7 +116,6 @@ func (z *zipWriter) add(name string, size int64, src io.Reader) (uint32, error) 
 	if n != size {
 		return 0, fmt.Errorf("writing %s: source ended after %d of %d bytes", name, n, size)
 	}
-	e.crc = crc.Sum32()
 	var d []byte
 	d = le.AppendUint32(d, 0x08074b50)
 	d = le.AppendUint32(d, e.crc)
