@@ -341,4 +341,3 @@ func dedupe(s []string) []string {
 	}
 	return out
 }
-
