@@ -1,0 +1,59 @@
+package onnx
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Sentinel errors, for errors.Is. Every error this package returns names
+// the file and, where there is one, the node or initializer it concerns.
+var (
+	// ErrMalformed: the file is not a valid ONNX model (truncated, sizes
+	// that do not match the data, references to nothing, external data
+	// outside the model's directory).
+	ErrMalformed = errors.New("malformed ONNX model")
+	// ErrUnsupported: valid ONNX that this package does not handle (opset
+	// outside 9-21, a data type it cannot decode, a rewrite it cannot
+	// express in ONNX).
+	ErrUnsupported = errors.New("unsupported ONNX model")
+	// ErrEvalExport: torch exported the model in eval mode and folded every
+	// BatchNormalization into the Conv before it, so there is nothing left
+	// to convert. See EvalExportError.
+	ErrEvalExport = errors.New("eval-mode ONNX export: BatchNormalization folded into Conv")
+	// ErrOutputExists: Write would overwrite an existing file without
+	// WriteOptions.Force.
+	ErrOutputExists = errors.New("output exists")
+	// ErrSameFile: Write was asked to overwrite the model it was read from.
+	ErrSameFile = errors.New("output is the input model")
+)
+
+// EvalExportError says that a model was exported with
+// training=TrainingMode.EVAL (torch's default), and how to re-export it.
+type EvalExportError struct {
+	Path string
+	// Convs and BiasedConvs count Conv nodes, and those with a bias input.
+	Convs, BiasedConvs int
+	// BatchNorms counts BatchNormalization nodes left (those torch could not
+	// fold, e.g. after a pooling layer); none of them follows a Conv.
+	BatchNorms int
+	// Folded counts Conv parameters named by torch's constant folding
+	// ("onnx::Conv_123") rather than by a module path.
+	Folded int
+}
+
+func (e *EvalExportError) Error() string {
+	what := "no BatchNormalization node is left"
+	if e.BatchNorms > 0 {
+		what = fmt.Sprintf("none of its %d BatchNormalization nodes follows a Conv", e.BatchNorms)
+	}
+	folded := ""
+	if e.Folded > 0 {
+		folded = fmt.Sprintf(", %d Conv parameters carry constant-folding names (onnx::Conv_*)", e.Folded)
+	}
+	return fmt.Sprintf("%s: looks like an eval-mode export: %s, %d of %d Conv nodes have a bias%s, so torch folded each BatchNorm into the Conv before it and there is nothing to convert. "+
+		"Re-export from the PyTorch model with torch.onnx.export(model, x, %q, training=torch.onnx.TrainingMode.PRESERVE) "+
+		"(model in eval mode; BatchNormalization nodes are kept), or with do_constant_folding=False",
+		e.Path, what, e.BiasedConvs, e.Convs, folded, e.Path)
+}
+
+func (e *EvalExportError) Unwrap() error { return ErrEvalExport }

@@ -1,0 +1,336 @@
+package onnx
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/abnconvert/abnconvert/graph"
+	"github.com/abnconvert/abnconvert/onnx/internal/pb"
+)
+
+// Domain is the custom operator domain of the InPlace-ABN family
+// (DOMAIN.md), imported at DomainVersion.
+const (
+	Domain        = "ai.abnconvert"
+	DomainVersion = 1
+	// MetaRecompute is the metadata_props key listing the DenseNet
+	// recomputation groups: a JSON object from group name to the names of
+	// the ONNX nodes in it.
+	MetaRecompute = "ai.abnconvert.recompute_groups"
+)
+
+// WriteOptions steer Write.
+type WriteOptions struct {
+	// StandardOps writes standard ONNX ops only: each ABN-family node
+	// becomes [Mul by its sign vector] + BatchNormalization (scale
+	// |weight| + eps for the in-place ops, weight as stored for ABN) + its
+	// activation (LeakyRelu, Elu, Relu, or nothing for identity). The
+	// result computes what the converted network computes and runs
+	// anywhere; the in-place memory saving is the training runtime's.
+	StandardOps bool
+	// FoldForInference (implies StandardOps) folds each BN into the Conv
+	// before it where that Conv feeds nothing else: an inference graph.
+	FoldForInference bool
+	// Force overwrites an existing output file. The model's own file is
+	// never overwritten.
+	Force bool
+}
+
+// maxProto is protobuf's 2 GiB message limit.
+const maxProto = 1<<31 - 1
+
+// Write writes the model, with whatever rewrite its Graph and Weights went
+// through, to path: atomically (a temporary file renamed into place), never
+// over the input model, and over another existing file only with Force.
+//
+// What changes and what does not:
+//   - Nodes the rewrite did not touch are written as read, and initializers
+//     whose values did not change keep their bytes. External data stays
+//     external when path is in the model's directory (the output then
+//     refers to the same data files) and is inlined otherwise.
+//   - A BatchNormalization that became an ABN-family node is written as one
+//     ai.abnconvert node replacing it and the activation fused into it
+//     (which takes the activation's output name, so readers are
+//     unchanged), or as standard ops (see WriteOptions).
+//   - A key whose values changed is written where only its own readers see
+//     it: in place when nothing else reads its value; otherwise, when the
+//     exporter deduplicated that tensor (the same initializer read by
+//     several parameters, directly or through Identity chains) or weights
+//     are tied, the changed tensor gets a new initializer "<name>_abn" and
+//     the nodes that own the key are re-pointed to it, so that the other
+//     readers keep the original values.
+//   - DenseNet recomputation marks are the recompute_group attribute of the
+//     ai.abnconvert nodes and the MetaRecompute metadata entry.
+//
+// Rewrites the writer cannot express (nodes a rewrite added, changed
+// attributes, ops changed other than BN to the ABN family) are refused
+// with an error naming the node.
+func (m *Model) Write(path string, opt WriteOptions) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%s: internal error writing ONNX (a bug; please report it): %v", path, r)
+		}
+	}()
+	if opt.FoldForInference {
+		opt.StandardOps = true
+	}
+	if err := m.checkTarget(path, opt.Force); err != nil {
+		return err
+	}
+	out, err := m.output(filepath.Dir(path), opt)
+	if err != nil {
+		return fmt.Errorf("%s: writing %s: %w", m.Path, path, err)
+	}
+	b, err := proto.Marshal(out)
+	if err != nil {
+		return fmt.Errorf("%s: encoding: %w", path, err)
+	}
+	if len(b) > maxProto {
+		return fmt.Errorf("%s: %w: the model is %d bytes, over protobuf's 2 GiB limit", path, ErrUnsupported, len(b))
+	}
+	return writeAtomic(path, b)
+}
+
+// checkTarget refuses to overwrite the input model or any external data
+// file it reads, and an existing file without force.
+func (m *Model) checkTarget(path string, force bool) error {
+	fi, err := os.Stat(path)
+	if err != nil {
+		if os.IsNotExist(err) {
+			return nil
+		}
+		return fmt.Errorf("onnx: %w", err)
+	}
+	protected := []string{m.Path}
+	for _, p := range m.params {
+		if p.td.ext != nil {
+			protected = append(protected, p.td.ext.path)
+		}
+	}
+	for _, p := range protected {
+		if pi, err := os.Stat(p); err == nil && os.SameFile(fi, pi) {
+			return fmt.Errorf("%s: %w (it is %s, which the model reads)", path, ErrSameFile, p)
+		}
+	}
+	if !force {
+		return fmt.Errorf("%s: %w (use --force to overwrite it)", path, ErrOutputExists)
+	}
+	return nil
+}
+
+func writeAtomic(path string, b []byte) error {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
+	if err != nil {
+		return fmt.Errorf("onnx: %w", err)
+	}
+	tmp := f.Name()
+	ok := false
+	defer func() {
+		if !ok {
+			f.Close()
+			os.Remove(tmp)
+		}
+	}()
+	if _, err := f.Write(b); err != nil {
+		return fmt.Errorf("onnx: writing %s: %w", path, err)
+	}
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("onnx: writing %s: %w", path, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("onnx: writing %s: %w", path, err)
+	}
+	if err := os.Chmod(tmp, 0o644); err != nil {
+		return fmt.Errorf("onnx: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("onnx: %w", err)
+	}
+	ok = true
+	return nil
+}
+
+// slotRef is input k of ONNX node i.
+type slotRef struct{ node, input int }
+
+// writer assembles the output model.
+type writer struct {
+	m   *Model
+	opt WriteOptions
+	g   *graph.Graph
+
+	alive map[*graph.Node]bool
+	// name is the ONNX name of every live IR value in the output.
+	name map[*graph.Value]string
+	// act is the activation node fused into each ABN-family node, if any.
+	act map[*graph.Node]*nodeInfo
+	// fold maps a folded ABN-family node to the Conv it folds into.
+	fold map[*graph.Node]*graph.Node
+
+	taken    map[string]bool // value and node names in use
+	repoint  map[slotRef]string
+	drop     map[int]bool               // ONNX nodes not written
+	replace  map[int][]*pb.NodeProto    // ONNX node i written as these instead
+	inPlace  map[string]*pb.TensorProto // initializer replaced under its own name
+	newInits []*pb.TensorProto          // appended initializers
+	derived  map[slotRef][]float64      // slots whose data the writer computes
+	outputs  map[string]bool            // graph output names
+	custom   bool                       // an ai.abnconvert node was written
+	groups   map[string][]string        // recompute group -> ONNX node names
+}
+
+func (m *Model) output(outDir string, opt WriteOptions) (*pb.ModelProto, error) {
+	w := &writer{
+		m: m, opt: opt, g: m.Graph,
+		alive: map[*graph.Node]bool{}, name: map[*graph.Value]string{}, act: map[*graph.Node]*nodeInfo{},
+		fold: map[*graph.Node]*graph.Node{}, taken: map[string]bool{}, repoint: map[slotRef]string{},
+		drop: map[int]bool{}, replace: map[int][]*pb.NodeProto{}, inPlace: map[string]*pb.TensorProto{},
+		derived: map[slotRef][]float64{}, outputs: map[string]bool{}, groups: map[string][]string{},
+	}
+	if m.Graph == nil || m.Weights == nil {
+		return nil, fmt.Errorf("model has no graph")
+	}
+	if err := m.Graph.Validate(); err != nil {
+		return nil, fmt.Errorf("rewritten graph: %w", err)
+	}
+	w.reserveNames()
+	steps := []func() error{w.check, w.names, w.folds, w.bindParams, w.nodes}
+	for _, step := range steps {
+		if err := step(); err != nil {
+			return nil, err
+		}
+	}
+	return w.assemble(outDir)
+}
+
+func (w *writer) reserveNames() {
+	gp := w.m.proto.Graph
+	for _, t := range gp.Initializer {
+		w.taken[t.GetName()] = true
+	}
+	for _, list := range [][]*pb.ValueInfoProto{gp.Input, gp.Output, gp.ValueInfo} {
+		for _, vi := range list {
+			w.taken[vi.GetName()] = true
+		}
+	}
+	for _, o := range gp.Output {
+		w.outputs[o.GetName()] = true
+	}
+	for _, n := range gp.Node {
+		w.taken[n.GetName()] = true
+		for _, o := range n.Output {
+			w.taken[o] = true
+		}
+		for _, in := range n.Input {
+			w.taken[in] = true
+		}
+	}
+}
+
+// fresh returns an unused name built from base.
+func (w *writer) fresh(base string) string {
+	name := base
+	for k := 1; w.taken[name]; k++ {
+		name = fmt.Sprintf("%s_%d", base, k)
+	}
+	w.taken[name] = true
+	return name
+}
+
+// check refuses rewrites the writer cannot express.
+func (w *writer) check() error {
+	for _, n := range w.g.Nodes {
+		w.alive[n] = true
+	}
+	for _, n := range w.g.Nodes {
+		if n.Op == graph.OpInput {
+			continue
+		}
+		if sp := w.m.special[n]; sp != nil {
+			continue
+		}
+		info := w.m.byIR[n]
+		if info == nil || info.ir != n {
+			return fmt.Errorf("%w: node %s (%s) was added by a rewrite; the ONNX writer only writes nodes read from the model", ErrUnsupported, n.Name, n.Op)
+		}
+		what := fmt.Sprintf("node %s (ONNX node %q)", n.Name, info.proto.GetName())
+		switch {
+		case n.Op == info.op:
+			if n.Attr != info.attr {
+				return fmt.Errorf("%w: %s: a rewrite changed its attributes, which the writer cannot express", ErrUnsupported, what)
+			}
+		case info.op == graph.OpBatchNorm && n.Op.IsBNFamily():
+			if n.Attr.Features != info.attr.Features {
+				return fmt.Errorf("%w: %s: feature count changed from %d to %d", ErrUnsupported, what, info.attr.Features, n.Attr.Features)
+			}
+		default:
+			return fmt.Errorf("%w: %s: a rewrite turned %s into %s, which the writer cannot express", ErrUnsupported, what, info.op, n.Op)
+		}
+		if n.Sign != nil && !n.Op.IsBNFamily() {
+			return fmt.Errorf("%w: %s: a sign vector on a %s node", ErrUnsupported, what, n.Op)
+		}
+		if len(n.Inputs) != len(info.data) {
+			return fmt.Errorf("%w: %s: a rewrite changed its number of inputs from %d to %d", ErrUnsupported, what, len(info.data), len(n.Inputs))
+		}
+		if info.kind == kindModelled {
+			for role := range info.params {
+				key, ok := n.Params[role]
+				if !ok {
+					return fmt.Errorf("%w: %s: no %s parameter any more", ErrUnsupported, what, role)
+				}
+				if _, ok := w.m.Weights.byKey[key]; !ok {
+					return fmt.Errorf("%w: %s: %s parameter %q is not a tensor of the model", ErrUnsupported, what, role, key)
+				}
+			}
+		}
+	}
+	// Removed nodes: an activation fused into an ABN-family node, or a node
+	// whose readers the rewrite re-pointed to its input.
+	for _, info := range w.m.infos {
+		if info.ir == nil || w.alive[info.ir] {
+			continue
+		}
+		r := info.ir
+		if len(r.Inputs) == 1 {
+			if p := r.Inputs[0].Producer; w.alive[p] && p.Op.IsBNFamily() && p.Op != graph.OpBatchNorm {
+				if pi := w.m.byIR[p]; pi != nil && pi.op == graph.OpBatchNorm && isActivation(info.op) {
+					if prev := w.act[p]; prev != nil {
+						return fmt.Errorf("%w: node %s: two activations fused into it", ErrUnsupported, p.Name)
+					}
+					w.act[p] = info
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func isActivation(op graph.Op) bool {
+	return op == graph.OpReLU || op == graph.OpLeakyReLU || op == graph.OpELU
+}
+
+// names gives every live IR value its ONNX name in the output. A fused
+// ABN-family node takes its activation's output name, so that the
+// activation's readers need no change.
+func (w *writer) names() error {
+	for _, n := range w.g.Nodes {
+		w.name[n.Out] = w.m.valueName[n.Out]
+	}
+	for n, a := range w.act {
+		w.name[n.Out] = a.proto.Output[0]
+	}
+	return nil
+}
+
+// inPlaceOp: the InPlace-ABN ops scale by |weight| + eps.
+func inPlaceOp(op graph.Op) bool { return op == graph.OpInPlaceABN || op == graph.OpInPlaceABNSync }
+
+// abnFromBN reports whether n is an ABN-family node the rewrite made from a
+// BatchNormalization (the nodes the writer re-expresses).
+func (w *writer) abnFromBN(n *graph.Node) bool {
+	info := w.m.byIR[n]
+	return info != nil && info.ir == n && info.op == graph.OpBatchNorm && n.Op.IsBNFamily() && n.Op != graph.OpBatchNorm
+}
