@@ -5,21 +5,33 @@ BIN     := bin/abnconvert
 VERSION := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X github.com/abnconvert/abnconvert/command.Version=$(VERSION)
 
-.PHONY: build demo test gotest pytest interop interop-big deps fixtures bench clean
+.PHONY: build demo test gotest pytest interop interop-big verify-fixtures deps fixtures bench clean
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/abnconvert
 
 # The main job on a bundled example: convert a small ResNeXt-layout checkpoint
-# made by real torchvision, with its Python module and report.
+# made by real torchvision, with its Python module and report, and verify it.
 demo: build
 	@mkdir -p out
 	$(BIN) --input fixtures/testdata/tiny_resnext.pth --output out/tiny_resnext_abn.pth \
-		--emit-module out/tiny_resnext_abn.py --report out/tiny_resnext_report.json --force
+		--emit-module out/tiny_resnext_abn.py --report out/tiny_resnext_report.json --force --verify
+
+# The CI check that conversion preserves outputs: every bundled fixture,
+# converted under both ReLU policies, verified by the runtime (exit 1 fails).
+verify-fixtures: build
+	@mkdir -p out
+	@set -e; for f in fixtures/testdata/*.pth; do n=$$(basename $$f .pth); \
+		for relu in leaky abn; do \
+			$(BIN) convert -i $$f -o out/$$n.$$relu.pth --relu $$relu --force --quiet; \
+			$(BIN) verify --original $$f --converted out/$$n.$$relu.pth --relu $$relu --quiet > out/$$n.$$relu.verify.txt \
+				|| { cat out/$$n.$$relu.verify.txt; echo "verify failed: $$n --relu $$relu"; exit 1; }; \
+			tail -1 out/$$n.$$relu.verify.txt | sed "s|^|$$n --relu $$relu: |"; \
+		done; done
 
 # Everything: Go unit and golden tests, the stand-in's tests against autograd,
 # and the interop test (real PyTorch loads and reproduces what Go wrote).
-test: deps build gotest pytest interop
+test: deps build gotest pytest verify-fixtures interop
 
 gotest:
 	$(GO) vet ./...

@@ -13,6 +13,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/abnconvert/abnconvert/convert"
+	"github.com/abnconvert/abnconvert/verify"
 )
 
 // Exit codes that scripts can rely on.
@@ -41,7 +42,7 @@ func Main(args []string, stdout, stderr io.Writer) (code int) {
 		}
 	}()
 	app := newApp(stdout, stderr)
-	err := app.Run(args)
+	err := app.Run(interspersed(app, args))
 	if err == nil {
 		return ExitOK
 	}
@@ -111,18 +112,22 @@ Examples:
 				},
 			},
 			{
-				Name:      "inspect",
-				Usage:     "show what a checkpoint holds and what would convert, without writing anything",
-				UsageText: "abnconvert inspect [--arch NAME] [--relu POLICY] [--json] IN",
+				Name:  "inspect",
+				Usage: "show what a checkpoint holds and what would convert, without writing anything",
+				UsageText: "abnconvert inspect [--arch NAME] [--relu POLICY] [--json] IN\n" +
+					"abnconvert inspect --security [--json] IN",
 				Flags: []cli.Flag{
 					archFlag(), reluFlag(), slopeFlag(),
 					&cli.BoolFlag{Name: "json", Usage: "print the inspection as JSON"},
+					&cli.BoolFlag{Name: "security", Usage: "only list the globals the checkpoint's pickle references and whether torch.load(weights_only=True) accepts each (works on files conversion refuses; exit 0 when all are accepted, 2 when some would be refused)"},
 				},
 				Action: inspectAction,
 				OnUsageError: func(c *cli.Context, err error, isSub bool) error {
 					return cli.Exit(fmt.Sprintf("%v (see abnconvert inspect --help)", err), ExitBadInput)
 				},
 			},
+			verifyCommand(),
+			memoryCommand(),
 		},
 	}
 	return app
@@ -153,6 +158,8 @@ func convertFlags() []cli.Flag {
 		&cli.BoolFlag{Name: "json", Usage: "print the report as JSON on stdout instead of a table"},
 		&cli.BoolFlag{Name: "quiet", Aliases: []string{"q"}, Usage: "no table and no progress; errors still go to stderr"},
 		&cli.StringFlag{Name: "dump-after", Usage: "print the IR after the named rewrite pass (to stderr), for debugging"},
+		&cli.StringFlag{Name: "onnx-ops", Value: "custom", Usage: "ONNX output: custom (InPlaceABN nodes in the ai.abnconvert domain), standard (BatchNormalization + activation, runs anywhere), fold (BN folded into Conv, for inference)"},
+		&cli.BoolFlag{Name: "verify", Usage: "then verify the output against the input, as `abnconvert verify` does with its defaults (exit 1 when not preserved)"},
 	}
 }
 
@@ -178,6 +185,7 @@ func convertAction(c *cli.Context) error {
 		Sync:       c.Bool("sync"),
 		Force:      c.Bool("force"),
 		Fsync:      c.Bool("fsync"),
+		ONNXOps:    c.String("onnx-ops"),
 		DumpAfter:  c.String("dump-after"),
 		Command:    strings.Join(os.Args, " "),
 	}
@@ -194,13 +202,38 @@ func convertAction(c *cli.Context) error {
 	if err != nil {
 		return cli.Exit(oneLine(err.Error()), ExitBadInput)
 	}
+	var ver *verify.Result
+	if c.Bool("verify") {
+		vopt := verify.Options{Original: opt.Input, Converted: opt.Output, Arch: opt.Arch, ReLU: opt.ReLU, Slope: opt.Slope, Sync: opt.Sync}
+		if !c.Bool("quiet") {
+			vopt.Progress = c.App.ErrWriter
+		}
+		if ver, err = verify.Run(vopt); err != nil {
+			return cli.Exit(oneLine(err.Error()), ExitBadInput)
+		}
+	}
 	switch {
 	case c.Bool("json"):
 		enc := json.NewEncoder(c.App.Writer)
 		enc.SetIndent("", "  ")
-		return enc.Encode(res)
+		out := any(res)
+		if ver != nil {
+			out = struct {
+				*convert.Result
+				Verify *verify.Result `json:"verify"`
+			}{res, ver}
+		}
+		if err := enc.Encode(out); err != nil {
+			return err
+		}
 	case !c.Bool("quiet"):
 		res.WriteTable(c.App.Writer)
+		if ver != nil {
+			writeVerify(c.App.Writer, ver)
+		}
+	}
+	if ver != nil && !ver.Preserved {
+		return cli.Exit("", ExitMismatch)
 	}
 	return nil
 }
@@ -208,6 +241,9 @@ func convertAction(c *cli.Context) error {
 func inspectAction(c *cli.Context) error {
 	if c.NArg() != 1 {
 		return cli.Exit("inspect takes one checkpoint path (see abnconvert inspect --help)", ExitBadInput)
+	}
+	if c.Bool("security") {
+		return securityAction(c, c.Args().First())
 	}
 	ins, err := convert.Inspect(c.Args().First(), convert.Options{
 		Arch: c.String("arch"), ReLU: c.String("relu"), Slope: c.Float64("slope"),

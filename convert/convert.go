@@ -33,7 +33,8 @@ type Options struct {
 	Slope      float64
 	Sync       bool
 	Force      bool
-	Fsync      bool // flush outputs to disk before renaming them into place
+	Fsync      bool   // flush outputs to disk before renaming them into place
+	ONNXOps    string // ONNX output: custom (default), standard, fold
 	DumpAfter  string
 	Dump       io.Writer
 	Progress   io.Writer // nil: silent
@@ -106,6 +107,12 @@ func Run(opt Options) (*Result, error) {
 	if err := checkPaths(opt); err != nil {
 		return nil, err
 	}
+	if isONNX(opt.Input) {
+		return runONNX(opt, start)
+	}
+	if isONNX(opt.Output) {
+		return nil, fmt.Errorf("%s: writing ONNX needs an ONNX input (a .pth is written as .pth)", opt.Output)
+	}
 	opt.progress("reading %s", opt.Input)
 	ck, err := pth.Open(opt.Input)
 	if err != nil {
@@ -116,6 +123,9 @@ func Run(opt Options) (*Result, error) {
 	g, match, err := arch.Recognize(ck, opt.Arch)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", opt.Input, err)
+	}
+	if err := validateBN(g, ck); err != nil {
+		return nil, withPath(opt.Input, err)
 	}
 	opt.progress("recognised %s (%d nodes)", match.Arch, len(g.Nodes))
 
@@ -172,17 +182,21 @@ func Run(opt Options) (*Result, error) {
 	}
 	res.Seconds = time.Since(start).Seconds()
 	if opt.ReportPath != "" {
-		b, err := json.MarshalIndent(res, "", "  ")
-		if err == nil {
-			err = writeFileAtomic(opt.ReportPath, append(b, '\n'), opt.Force, opt.Fsync)
-		}
-		if err != nil {
+		if err := writeReport(opt, res); err != nil {
 			undo()
 			return nil, err
 		}
 	}
 	opt.progress("done in %.2fs", res.Seconds)
 	return res, nil
+}
+
+func writeReport(opt Options, res *Result) error {
+	b, err := json.MarshalIndent(res, "", "  ")
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(opt.ReportPath, append(b, '\n'), opt.Force, opt.Fsync)
 }
 
 func rewriteOptions(opt Options) rewrite.Options {

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/abnconvert/abnconvert/graph"
+	"github.com/abnconvert/abnconvert/onnx"
 	"github.com/abnconvert/abnconvert/pth"
 )
 
@@ -282,5 +283,53 @@ func TestNestedTrainingCheckpoint(t *testing.T) {
 	}
 	if checked == 0 {
 		t.Fatal("no negated momentum checked")
+	}
+}
+
+func TestONNX(t *testing.T) {
+	dir := t.TempDir()
+	in := filepath.Join("..", "onnx", "testdata", "tiny_cnn.onnx")
+	for _, ops := range []string{"custom", "standard", "fold"} {
+		out := filepath.Join(dir, ops+".onnx")
+		res, err := Run(Options{Input: in, Output: out, ONNXOps: ops})
+		if err != nil {
+			t.Fatalf("%s: %v", ops, err)
+		}
+		if res.Report.Summary.Sites == 0 {
+			t.Fatalf("%s: no sites", ops)
+		}
+		m, err := onnx.Read(out)
+		if err != nil {
+			t.Fatalf("%s: reading the output back: %v", ops, err)
+		}
+		abn := 0
+		for _, n := range m.Graph.Nodes {
+			// Read back, the custom-domain nodes are carried as opaque ops.
+			if strings.Contains(string(n.Op), "InPlaceABN") {
+				abn++
+			}
+		}
+		if (ops == "custom") != (abn > 0) {
+			t.Errorf("%s: %d ABN-family nodes read back", ops, abn)
+		}
+	}
+	cases := []struct {
+		name string
+		opt  Options
+		want string
+	}{
+		{"eval export", Options{Input: filepath.Join("..", "onnx", "testdata", "tiny_cnn_eval.onnx"), Output: filepath.Join(dir, "e.onnx")}, "PRESERVE"},
+		{"onnx to pth", Options{Input: in, Output: filepath.Join(dir, "x.pth")}, "ending in .onnx"},
+		{"pth to onnx", Options{Input: fixture("tiny_vgg"), Output: filepath.Join(dir, "x.onnx")}, "needs an ONNX input"},
+		{"module from onnx", Options{Input: in, Output: filepath.Join(dir, "y.onnx"), EmitModule: filepath.Join(dir, "m.py")}, "--emit-module"},
+	}
+	for _, c := range cases {
+		if _, err := Run(c.opt); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: error %v, want one mentioning %q", c.name, err, c.want)
+		}
+	}
+	ins, err := Inspect(in, Options{})
+	if err != nil || ins.Report == nil {
+		t.Fatalf("inspect: %v", err)
 	}
 }

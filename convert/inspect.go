@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/abnconvert/abnconvert/arch"
+	"github.com/abnconvert/abnconvert/graph"
+	"github.com/abnconvert/abnconvert/onnx"
 	"github.com/abnconvert/abnconvert/pth"
 	"github.com/abnconvert/abnconvert/rewrite"
 )
@@ -48,6 +50,9 @@ func Inspect(path string, opt Options) (*Inspection, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, unwrapPathError(err))
 	}
+	if isONNX(path) {
+		return inspectONNX(path, st.Size(), opt)
+	}
 	ck, err := pth.Open(path)
 	if err != nil {
 		return nil, err
@@ -80,6 +85,10 @@ func Inspect(path string, opt Options) (*Inspection, error) {
 		return ins, nil
 	}
 	ins.Arch, ins.Family, ins.ExactArch, ins.Notes = match.Arch, match.Family, match.Exact, match.Notes
+	if err := validateBN(g, ck); err != nil {
+		ins.RewriteError = err.Error()
+		return ins, nil
+	}
 	rep, err := rewrite.Run(g, ck, rewriteOptions(opt))
 	if err != nil {
 		ins.RewriteError = err.Error()
@@ -91,12 +100,18 @@ func Inspect(path string, opt Options) (*Inspection, error) {
 
 // WriteText prints the inspection for a person.
 func (ins *Inspection) WriteText(w io.Writer) {
-	fmt.Fprintf(w, "%s: %s checkpoint, %d bytes\n", ins.File, ins.Format, ins.Size)
-	where := "top level"
-	if len(ins.StatePath) > 0 {
-		where = "under " + strings.Join(ins.StatePath, ".")
+	onnxFile := ins.Family == "onnx"
+	if onnxFile {
+		fmt.Fprintf(w, "%s: %s model, %d bytes\n", ins.File, ins.Format, ins.Size)
+		fmt.Fprintf(w, "parameters: %d tensors, %.1f MB", ins.Tensors, float64(ins.Bytes)/1e6)
+	} else {
+		fmt.Fprintf(w, "%s: %s checkpoint, %d bytes\n", ins.File, ins.Format, ins.Size)
+		where := "top level"
+		if len(ins.StatePath) > 0 {
+			where = "under " + strings.Join(ins.StatePath, ".")
+		}
+		fmt.Fprintf(w, "state dict (%s): %d tensors, %.1f MB", where, ins.Tensors, float64(ins.Bytes)/1e6)
 	}
-	fmt.Fprintf(w, "state dict (%s): %d tensors, %.1f MB", where, ins.Tensors, float64(ins.Bytes)/1e6)
 	var dts []string
 	for d, n := range ins.DTypes {
 		dts = append(dts, fmt.Sprintf("%s %d", d, n))
@@ -109,7 +124,9 @@ func (ins *Inspection) WriteText(w io.Writer) {
 	if len(ins.Entries) > 0 {
 		fmt.Fprintf(w, "other entries (kept on output): %s\n", strings.Join(ins.Entries, ", "))
 	}
-	fmt.Fprintf(w, "globals: %s\n", strings.Join(ins.Globals, ", "))
+	if !onnxFile {
+		fmt.Fprintf(w, "globals: %s\n", strings.Join(ins.Globals, ", "))
+	}
 	if ins.ArchError != "" {
 		fmt.Fprintf(w, "architecture: not recognised: %s\n", ins.ArchError)
 		return
@@ -128,4 +145,32 @@ func (ins *Inspection) WriteText(w io.Writer) {
 	}
 	fmt.Fprintln(w, "what a conversion would do:")
 	ins.Report.WriteTable(w)
+}
+
+func inspectONNX(path string, size int64, opt Options) (*Inspection, error) {
+	m, err := onnx.Read(path)
+	if err != nil {
+		return nil, err
+	}
+	ins := &Inspection{File: path, Size: size, Format: fmt.Sprintf("onnx (opset %d)", m.Opset), DTypes: map[string]int{},
+		Arch: m.Graph.Arch, Family: "onnx", ExactArch: true}
+	for _, k := range m.Weights.Keys() {
+		ins.Tensors++
+		if dt, ok := m.Weights.DataType(k); ok {
+			ins.DTypes[dt]++
+		}
+		if s, ok := m.Weights.Shape(k); ok {
+			ins.Bytes += int64(graph.Numel(s)) * 4
+		}
+	}
+	if opaque := m.Opaque(); len(opaque) > 0 {
+		ins.Notes = append(ins.Notes, fmt.Sprintf("%d node(s) the IR does not model are carried through: %s", len(opaque), summarize(opaque, 6)))
+	}
+	rep, err := rewrite.Run(m.Graph, m.Weights, rewriteOptions(opt))
+	if err != nil {
+		ins.RewriteError = err.Error()
+		return ins, nil
+	}
+	ins.Report = rep
+	return ins, nil
 }

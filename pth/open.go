@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"math/big"
 	"os"
@@ -138,12 +139,13 @@ func (c *Checkpoint) scanOnly() ([]string, error) {
 		if err != nil {
 			return nil, err
 		}
-		_, globals, err := a.readPickle()
-		return globals, err
+		res, err := a.readPickle()
+		return res.globals, err
 	}
 	_, _, globals, err := c.legacyPickles()
 	var re *RefusedError
-	if errors.As(err, &re) {
+	var dup *dupKeyError
+	if errors.As(err, &re) || errors.As(err, &dup) {
 		return globals, nil // refusing is Open's business; the list is complete
 	}
 	return globals, err
@@ -184,6 +186,9 @@ func (c *Checkpoint) openZip() (*archive, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading zip archive: %w", err)
 	}
+	if err := checkRecords(z, c.stat.Size()); err != nil {
+		return nil, err
+	}
 	a := &archive{z: z, byName: map[string]*zip.File{}}
 	for _, zf := range z.File {
 		if _, dup := a.byName[zf.Name]; dup {
@@ -204,21 +209,68 @@ func (c *Checkpoint) openZip() (*archive, error) {
 	return a, nil
 }
 
-func (a *archive) readPickle() ([]byte, []string, error) {
+func (a *archive) readPickle() (scanned, error) {
 	zf := a.record("data.pkl")
 	if zf.UncompressedSize64 > maxPickle {
-		return nil, nil, fmt.Errorf("%s is %d bytes, more than %d", zf.Name, zf.UncompressedSize64, maxPickle)
+		return scanned{}, fmt.Errorf("%s is %d bytes, more than %d", zf.Name, zf.UncompressedSize64, maxPickle)
 	}
 	rc, err := zf.Open()
 	if err != nil {
-		return nil, nil, fmt.Errorf("%s: %w", zf.Name, err)
+		return scanned{}, fmt.Errorf("%s: %w", zf.Name, err)
 	}
 	defer rc.Close()
-	data, globals, err := scanPickle(bufio.NewReader(rc), int64(zf.UncompressedSize64))
+	res, err := scanPickle(bufio.NewReader(rc), int64(zf.UncompressedSize64))
 	if err != nil {
-		return nil, globals, fmt.Errorf("%s: %w", zf.Name, err)
+		return res, fmt.Errorf("%s: %w", zf.Name, err)
 	}
-	return data, globals, nil
+	// Read to the end of the record: archive/zip checks the CRC only there.
+	if _, err := io.Copy(io.Discard, rc); err != nil {
+		return res, fmt.Errorf("%s: %w", zf.Name, recordError(err))
+	}
+	return res, nil
+}
+
+// recordError explains archive/zip's terse errors about a record's bytes.
+func recordError(err error) error {
+	switch {
+	case errors.Is(err, zip.ErrChecksum):
+		return fmt.Errorf("record is corrupt (CRC-32 mismatch): %w", err)
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return fmt.Errorf("record is shorter than the archive declares: %w", err)
+	}
+	return err
+}
+
+// maxDeflateRatio is the largest expansion deflate can achieve (258-byte
+// matches coded in two bits, about 1032:1); a record declaring more is
+// lying about its size.
+const maxDeflateRatio = 1032
+
+// checkRecords refuses records whose declared sizes the file cannot back,
+// before anything is allocated for them: a stored record must lie inside
+// the file, and a compressed one cannot expand beyond what deflate allows.
+func checkRecords(z *zip.Reader, fileSize int64) error {
+	for _, zf := range z.File {
+		off, err := zf.DataOffset()
+		if err != nil {
+			return fmt.Errorf("record %s: %w", zf.Name, err)
+		}
+		csize, usize := zf.CompressedSize64, zf.UncompressedSize64
+		if off < 0 || off > fileSize || csize > uint64(fileSize-off) {
+			return fmt.Errorf("record %s declares %d bytes at offset %d, past the end of the %d-byte file", zf.Name, csize, off, fileSize)
+		}
+		switch zf.Method {
+		case zip.Store:
+			if csize != usize {
+				return fmt.Errorf("record %s is stored but declares %d bytes compressed and %d uncompressed", zf.Name, csize, usize)
+			}
+		default:
+			if usize/maxDeflateRatio > csize {
+				return fmt.Errorf("record %s declares %d bytes uncompressed from %d compressed, more than compression can expand (a zip bomb or a corrupt header)", zf.Name, usize, csize)
+			}
+		}
+	}
+	return nil
 }
 
 func (c *Checkpoint) loadZip() error {
@@ -239,14 +291,18 @@ func (c *Checkpoint) loadZip() error {
 			return fmt.Errorf("storages are %q-endian; only little-endian checkpoints are supported", s)
 		}
 	}
-	data, globals, err := a.readPickle()
-	c.Globals = globals
+	res, err := a.readPickle()
+	c.Globals = res.globals
 	if err != nil {
 		return err
 	}
-	if bad := refused(globals); len(bad) > 0 {
-		return &RefusedError{File: c.Path, Part: "data.pkl", Refused: bad, Globals: globals}
+	if bad := refused(res.globals); len(bad) > 0 {
+		return &RefusedError{File: c.Path, Part: "data.pkl", Refused: bad, Globals: res.globals}
 	}
+	if res.dupKey != nil {
+		return fmt.Errorf("%sdata.pkl: %w", prefix, res.dupKey)
+	}
+	data := res.data
 	u := unpickler{storages: c.storages, resolve: func(key string, dtype DType, numel int, loc string, class *Global) (*Storage, error) {
 		zf := a.record("data/" + key)
 		if zf == nil {
@@ -281,8 +337,11 @@ func (c *Checkpoint) loadZip() error {
 }
 
 func (st *Storage) checkSize() error {
-	if need := int64(st.Numel) * int64(st.DType.Size()); st.rec.size < need {
-		return fmt.Errorf("storage %q (%s) holds %d bytes, %d×%s needs %d", st.Key, st.rec.name, st.rec.size, st.Numel, st.DType, need)
+	es := int64(st.DType.Size())
+	// Compare by division: numel comes from the file and numel×size can
+	// overflow.
+	if es == 0 || int64(st.Numel) > st.rec.size/es {
+		return fmt.Errorf("storage %q (%s) holds %d bytes, fewer than %d elements of %s need", st.Key, st.rec.name, st.rec.size, st.Numel, st.DType)
 	}
 	return nil
 }
@@ -309,11 +368,12 @@ func (c *Checkpoint) legacyPickles() (pickles [2][]byte, storagesAt int64, globa
 	br := bufio.NewReader(io.NewSectionReader(c.f, 0, size))
 	var pos int64
 	var all [5][]byte
+	var dupKey error
 	seen := map[string]bool{}
 	names := []string{"magic number", "protocol version", "system info", "main object", "storage key list"}
 	for i := range all {
-		data, g, err := scanPickle(br, size-pos)
-		for _, name := range g {
+		res, err := scanPickle(br, size-pos)
+		for _, name := range res.globals {
 			if !seen[name] {
 				seen[name] = true
 				globals = append(globals, name)
@@ -322,13 +382,19 @@ func (c *Checkpoint) legacyPickles() (pickles [2][]byte, storagesAt int64, globa
 		if err != nil {
 			return pickles, 0, globals, fmt.Errorf("legacy %s pickle at offset %d: %w", names[i], pos, err)
 		}
-		all[i] = data
-		pos += int64(len(data))
+		if res.dupKey != nil && dupKey == nil {
+			dupKey = fmt.Errorf("legacy %s pickle: %w", names[i], res.dupKey)
+		}
+		all[i] = res.data
+		pos += int64(len(res.data))
 	}
 	// The header pickles hold plain numbers and dicts; decode them only
 	// once the allowlist has passed.
 	if bad := refused(globals); len(bad) > 0 {
 		return pickles, pos, globals, &RefusedError{File: c.Path, Part: "the pickle", Refused: bad, Globals: globals}
+	}
+	if dupKey != nil {
+		return pickles, 0, globals, dupKey
 	}
 	var header [3]Value
 	for i := range header {
@@ -394,6 +460,9 @@ func (c *Checkpoint) loadLegacy() error {
 		}
 		var hdr [8]byte
 		if _, err := c.f.ReadAt(hdr[:], pos); err != nil {
+			if errors.Is(err, io.EOF) {
+				return fmt.Errorf("legacy storage %q: the file ends at offset %d, before the element count expected at %d", key, size, pos)
+			}
 			return fmt.Errorf("legacy storage %q: reading its size at offset %d: %w", key, pos, err)
 		}
 		n := binary.LittleEndian.Uint64(hdr[:])
@@ -417,7 +486,20 @@ func (c *Checkpoint) loadLegacy() error {
 }
 
 // readRange reads length bytes of a storage's record, starting at start.
+// The first read of a zip record checks the record's CRC-32, so that values
+// decoded from a corrupt record never reach a conversion (copying a record
+// checks it again on the way out).
 func (c *Checkpoint) readRange(st *Storage, start, length int64) ([]byte, error) {
+	if start < 0 || length < 0 || start > st.rec.size || length > st.rec.size-start {
+		return nil, fmt.Errorf("reading %s: bytes [%d, %d+%d) lie outside its %d bytes", st.rec.name, start, start, length, st.rec.size)
+	}
+	if st.rec.hasCRC && !st.rec.verified {
+		whole, err := c.readWhole(st)
+		if err != nil {
+			return nil, err
+		}
+		return whole[start : start+length], nil
+	}
 	buf := make([]byte, length)
 	if st.rec.zf == nil {
 		if _, err := c.f.ReadAt(buf, st.rec.offset+start); err != nil {
@@ -436,6 +518,30 @@ func (c *Checkpoint) readRange(st *Storage, start, length int64) ([]byte, error)
 	if _, err := io.ReadFull(rc, buf); err != nil {
 		return nil, fmt.Errorf("reading %s: %w", st.rec.name, err)
 	}
+	return buf, nil
+}
+
+// readWhole reads a zip record whole and checks its CRC-32.
+func (c *Checkpoint) readWhole(st *Storage) ([]byte, error) {
+	rc, err := c.openRecord(st)
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", st.rec.name, err)
+	}
+	defer rc.Close()
+	// Grow as bytes arrive: a compressed record's declared size is not
+	// proof that the data is there.
+	var b bytes.Buffer
+	if _, err := b.ReadFrom(io.LimitReader(rc, st.rec.size)); err != nil {
+		return nil, fmt.Errorf("reading %s: %w", st.rec.name, recordError(err))
+	}
+	buf := b.Bytes()
+	if int64(len(buf)) != st.rec.size {
+		return nil, fmt.Errorf("reading %s: the record ends after %d of its %d bytes", st.rec.name, len(buf), st.rec.size)
+	}
+	if crc := crc32.ChecksumIEEE(buf); crc != st.rec.crc {
+		return nil, fmt.Errorf("record %s is corrupt: CRC-32 %08x, the archive records %08x", st.rec.name, crc, st.rec.crc)
+	}
+	st.rec.verified = true
 	return buf, nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 )
 
 // Pickle opcodes this package reads or writes by name.
@@ -87,28 +88,83 @@ var opcodes = map[byte]opInfo{
 	0x96: {argLen8, 0}, 0x97: {}, 0x98: {},
 }
 
+// Bounds on what the scanner accepts; real checkpoints are far below them.
+const (
+	// maxLong bounds LONG4 integers (in bytes) and maxDigits text integers
+	// (INT, LONG): Python writes LONG4 only for integers of more than 255
+	// bytes, which no checkpoint holds; Python 3.11 itself refuses to parse
+	// integers of more than 4300 digits, because converting huge integers
+	// between binary and decimal takes quadratic time.
+	maxLong   = 1 << 12
+	maxDigits = 4300
+	// maxKeyString bounds the strings the scanner remembers; longer ones
+	// are neither module nor class names nor state-dict keys.
+	maxKeyString = 1 << 12
+	// readChunk is the most the scanner allocates ahead of data actually
+	// read, so that a length field alone cannot claim memory.
+	readChunk = 1 << 20
+)
+
+// sval is what the scanner knows of one stack value: a short string, an
+// integer (its decimal form), or the identity of a mutable object, which is
+// enough to resolve STACK_GLOBAL exactly and to see a dict key set twice.
+type sval struct {
+	kind byte // 's' string, 'i' integer, 'o' object, 0 anything else
+	s    string
+	id   int
+}
+
+// dupKeyError reports a dict key set twice (see scanned.dupKey).
+type dupKeyError struct{ msg string }
+
+func (e *dupKeyError) Error() string { return e.msg }
+
+// scanned is the result of walking one pickle.
+type scanned struct {
+	data    []byte
+	globals []string
+	// dupKey reports a dict key set twice in the same dict, which Python's
+	// dict silently merges: a reader that keeps the first value and one
+	// that keeps the last would then disagree about the checkpoint. It is
+	// Open's business to refuse; Scan still lists the globals.
+	dupKey error
+}
+
 // scanPickle walks one pickle from r up to and including its STOP opcode,
-// without executing it, and returns the pickle's bytes and every global it
-// references (normalised as torch normalises protocol-2 names, in order of
-// first appearance). It refuses any length that runs past limit bytes, so
-// that a hostile length field cannot make the decoder allocate gigabytes.
-func scanPickle(r *bufio.Reader, limit int64) (data []byte, globals []string, err error) {
+// without executing it: it simulates the unpickler's stack with opaque
+// values, exactly as Python's unpickler moves them, so that STACK_GLOBAL
+// operands (strings pushed directly or fetched from the memo) resolve as
+// they would when loading. It returns the pickle's bytes and every global
+// referenced (normalised as torch normalises protocol-2 names, in order of
+// first appearance).
+//
+// It refuses, before allocating for them, length fields and frames that
+// run past limit bytes, memo references to entries never stored, stack
+// underflows, and integers larger than maxLong bytes; everything it refuses
+// Python's unpickler refuses too, except the last.
+func scanPickle(r *bufio.Reader, limit int64) (res scanned, err error) {
 	var buf []byte
 	seen := map[string]bool{}
 	addGlobal := func(name string) {
 		if !seen[name] {
 			seen[name] = true
-			globals = append(globals, name)
+			res.globals = append(res.globals, name)
 		}
 	}
 	read := func(n int64) ([]byte, error) {
-		if n < 0 || int64(len(buf))+n > limit {
+		if n < 0 || n > limit-int64(len(buf)) {
 			return nil, fmt.Errorf("pickle field of %d bytes at offset %d runs past the end of the data", n, len(buf))
 		}
 		start := len(buf)
-		buf = append(buf, make([]byte, n)...)
-		if _, err := io.ReadFull(r, buf[start:]); err != nil {
-			return nil, fmt.Errorf("pickle truncated at offset %d: %w", start, err)
+		// Grow as bytes arrive, so that a length the data cannot back
+		// costs at most one chunk.
+		for left := n; left > 0; {
+			c := min(left, readChunk)
+			buf = append(buf, make([]byte, c)...)
+			if _, err := io.ReadFull(r, buf[len(buf)-int(c):]); err != nil {
+				return nil, fmt.Errorf("pickle truncated at offset %d: %w", start, err)
+			}
+			left -= c
 		}
 		return buf[start:], nil
 	}
@@ -127,37 +183,105 @@ func scanPickle(r *bufio.Reader, limit int64) (data []byte, globals []string, er
 			}
 		}
 	}
-	// STACK_GLOBAL takes module and name from the stack. Python's pickler
-	// pushes both right before it (as strings or memo gets), so tracking the
-	// last pushed values and the memo's strings resolves it; anything else
-	// is reported as unresolved, which the allowlist refuses.
-	type pushed struct {
-		s  string
-		ok bool
-	}
-	var recent []pushed
-	memo := map[uint64]pushed{}
-	push := func(p pushed) {
-		recent = append(recent, p)
-		if len(recent) > 8 {
-			recent = recent[1:]
+
+	var (
+		stack     []sval
+		marks     [][]sval
+		memo      = map[int]sval{}
+		nextID    = 0
+		keys      = map[int]map[string]bool{}
+		frameEnd  = int64(0)
+		opStart   = 0
+		malformed = func(format string, args ...any) error {
+			return fmt.Errorf("malformed pickle at offset %d: %s", opStart, fmt.Sprintf(format, args...))
 		}
-	}
-	top := func() pushed {
-		if len(recent) == 0 {
-			return pushed{}
+	)
+	object := func() sval { nextID++; return sval{kind: 'o', id: nextID} }
+	push := func(v sval) { stack = append(stack, v) }
+	pop := func(what string) (sval, error) {
+		if len(stack) == 0 {
+			return sval{}, malformed("%s on an empty stack", what)
 		}
-		return recent[len(recent)-1]
+		v := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		return v, nil
 	}
+	top := func(what string) (sval, error) {
+		if len(stack) == 0 {
+			return sval{}, malformed("%s on an empty stack", what)
+		}
+		return stack[len(stack)-1], nil
+	}
+	popMark := func(what string) ([]sval, error) {
+		if len(marks) == 0 {
+			return nil, malformed("%s without a MARK", what)
+		}
+		items := stack
+		stack = marks[len(marks)-1]
+		marks = marks[:len(marks)-1]
+		return items, nil
+	}
+	setKey := func(d, k sval) {
+		if d.kind != 'o' || (k.kind != 's' && k.kind != 'i') || res.dupKey != nil {
+			return
+		}
+		m := keys[d.id]
+		if m == nil {
+			m = map[string]bool{}
+			keys[d.id] = m
+		}
+		hk := string(k.kind) + k.s
+		if m[hk] {
+			name := k.s
+			if k.kind == 's' {
+				name = strconv.Quote(k.s)
+			}
+			res.dupKey = &dupKeyError{fmt.Sprintf("dict key %s is set twice in one dict (pickle offset %d)", name, opStart)}
+			return
+		}
+		m[hk] = true
+	}
+	str := func(s string) sval {
+		if len(s) > maxKeyString {
+			return sval{}
+		}
+		return sval{kind: 's', s: s}
+	}
+	integer := func(n int64) sval { return sval{kind: 'i', s: strconv.FormatInt(n, 10)} }
+	memoIndex := func(line string) (int, error) {
+		i, err := strconv.Atoi(line)
+		if err != nil || i < 0 {
+			return 0, malformed("memo index %q", line)
+		}
+		return i, nil
+	}
+	get := func(i int) error {
+		v, ok := memo[i]
+		if !ok {
+			return malformed("memo entry %d was never stored", i)
+		}
+		push(v)
+		return nil
+	}
+	put := func(i int) error {
+		v, err := top("PUT")
+		if err != nil {
+			return err
+		}
+		memo[i] = v
+		return nil
+	}
+
 	for {
+		opStart = len(buf)
 		b, err := read(1)
 		if err != nil {
-			return nil, globals, err
+			return res, err
 		}
 		op := b[0]
 		info, ok := opcodes[op]
 		if !ok {
-			return nil, globals, fmt.Errorf("unknown pickle opcode 0x%02x at offset %d", op, len(buf)-1)
+			return res, fmt.Errorf("unknown pickle opcode 0x%02x at offset %d", op, opStart)
 		}
 		var arg []byte
 		var lines [2]string
@@ -182,6 +306,9 @@ func scanPickle(r *bufio.Reader, limit int64) (data []byte, globals []string, er
 				if op == 'T' || op == 0x8b {
 					n = int64(int32(binary.LittleEndian.Uint32(l)))
 				}
+				if op == 0x8b && n > maxLong {
+					return res, fmt.Errorf("pickle integer of %d bytes at offset %d: larger than any checkpoint holds", n, opStart)
+				}
 				arg, err = read(n)
 			}
 		case argLen8:
@@ -189,53 +316,246 @@ func scanPickle(r *bufio.Reader, limit int64) (data []byte, globals []string, er
 			if l, err = read(8); err == nil {
 				n := binary.LittleEndian.Uint64(l)
 				if n > uint64(limit) {
-					return nil, globals, fmt.Errorf("pickle field of %d bytes runs past the end of the data", n)
+					return res, fmt.Errorf("pickle field of %d bytes at offset %d runs past the end of the data", n, opStart)
 				}
 				arg, err = read(int64(n))
 			}
 		}
 		if err != nil {
-			return nil, globals, err
+			return res, err
 		}
+		if (op == 'I' || op == 'L') && len(lines[0]) > maxDigits+2 {
+			return res, fmt.Errorf("pickle integer of %d digits at offset %d: more than the %d Python accepts", len(lines[0]), opStart, maxDigits)
+		}
+		le := binary.LittleEndian
 		switch op {
-		case 'c', 'i':
-			addGlobal(normalizeGlobal(lines[0], lines[1]))
-			push(pushed{})
-		case opStackGlobal:
-			if len(recent) >= 2 && recent[len(recent)-2].ok && recent[len(recent)-1].ok {
-				addGlobal(normalizeGlobal(recent[len(recent)-2].s, recent[len(recent)-1].s))
-			} else {
-				addGlobal(unresolvedGlobal)
+		case opMark:
+			marks = append(marks, stack)
+			stack = nil
+		case opStop:
+			if _, err := pop("STOP"); err != nil {
+				return res, err
 			}
-			push(pushed{})
+			if frameEnd > int64(len(buf)) {
+				return res, fmt.Errorf("pickle FRAME ends at offset %d, after the STOP at offset %d", frameEnd, opStart)
+			}
+			res.data = buf
+			return res, nil
+		case '0': // POP: pops the mark when the stack is empty
+			if len(stack) == 0 {
+				_, err = popMark("POP")
+			} else {
+				stack = stack[:len(stack)-1]
+			}
+		case '1': // POP_MARK
+			_, err = popMark("POP_MARK")
+		case '2': // DUP
+			var v sval
+			if v, err = top("DUP"); err == nil {
+				push(v)
+			}
+		case 'I':
+			switch lines[0] {
+			case "00":
+				push(integer(0))
+			case "01":
+				push(integer(1))
+			default:
+				if n, perr := strconv.ParseInt(lines[0], 10, 64); perr == nil {
+					push(integer(n))
+				} else {
+					push(sval{})
+				}
+			}
+		case 'L':
+			if n, perr := strconv.ParseInt(strings.TrimSuffix(lines[0], "L"), 10, 64); perr == nil {
+				push(integer(n))
+			} else {
+				push(sval{})
+			}
+		case opBinInt:
+			push(integer(int64(int32(le.Uint32(arg)))))
+		case opBinInt1:
+			push(integer(int64(arg[0])))
+		case opBinInt2:
+			push(integer(int64(le.Uint16(arg))))
+		case opLong1, 0x8b:
+			if len(arg) <= 8 {
+				var n int64
+				for i := len(arg) - 1; i >= 0; i-- {
+					n = n<<8 | int64(arg[i])
+				}
+				if len(arg) > 0 && len(arg) < 8 && arg[len(arg)-1]&0x80 != 0 {
+					n -= 1 << (8 * len(arg))
+				}
+				push(integer(n))
+			} else {
+				push(sval{})
+			}
+		case opNewTrue:
+			push(integer(1))
+		case opNewFalse:
+			push(integer(0))
+		case 'F', opBinFloat, opNone, 'P', 'S', 'B', 'C', 0x8e, 0x96, 0x97, opEmptyTuple:
+			push(sval{})
+		case opBinUnicode, 'U', 'T', 0x8c, 0x8d:
+			push(str(string(arg)))
+		case 'V':
+			push(str(lines[0]))
+		case opBinPersID:
+			if _, err = pop("BINPERSID"); err == nil {
+				push(object())
+			}
+		case opReduce:
+			if _, err = pop("REDUCE"); err == nil {
+				if _, err = pop("REDUCE"); err == nil {
+					push(object())
+				}
+			}
+		case opAppend:
+			if _, err = pop("APPEND"); err == nil {
+				_, err = top("APPEND")
+			}
+		case opBuild:
+			if _, err = pop("BUILD"); err == nil {
+				_, err = top("BUILD")
+			}
+		case opGlobal:
+			addGlobal(normalizeGlobal(lines[0], lines[1]))
+			push(object())
+		case 'i': // INST
+			addGlobal(normalizeGlobal(lines[0], lines[1]))
+			if _, err = popMark("INST"); err == nil {
+				push(object())
+			}
+		case 'd': // DICT
+			var items []sval
+			if items, err = popMark("DICT"); err == nil {
+				if len(items)%2 != 0 {
+					err = malformed("DICT with an odd number of items")
+					break
+				}
+				d := object()
+				for i := 0; i+1 < len(items); i += 2 {
+					setKey(d, items[i])
+				}
+				push(d)
+			}
+		case opEmptyDict, opEmptyList, 0x8f:
+			push(object())
+		case opAppends, 0x90: // APPENDS, ADDITEMS
+			if _, err = popMark("APPENDS"); err == nil {
+				_, err = top("APPENDS")
+			}
+		case 'g':
+			var i int
+			if i, err = memoIndex(lines[0]); err == nil {
+				err = get(i)
+			}
+		case opBinGet:
+			err = get(int(arg[0]))
+		case opLongBinGet:
+			err = get(int(le.Uint32(arg)))
+		case 'l', opTuple, 0x91: // LIST, TUPLE, FROZENSET
+			if _, err = popMark("LIST/TUPLE"); err == nil {
+				push(object())
+			}
+		case 'o': // OBJ
+			var items []sval
+			if items, err = popMark("OBJ"); err == nil {
+				if len(items) == 0 {
+					err = malformed("OBJ without a class")
+					break
+				}
+				push(object())
+			}
+		case 'p':
+			var i int
+			if i, err = memoIndex(lines[0]); err == nil {
+				err = put(i)
+			}
+		case opBinPut:
+			err = put(int(arg[0]))
+		case opLongBinPut:
+			err = put(int(le.Uint32(arg)))
+		case opMemoize:
+			err = put(len(memo))
+		case opSetItem:
+			var k, v, d sval
+			if v, err = pop("SETITEM"); err == nil {
+				if k, err = pop("SETITEM"); err == nil {
+					if d, err = top("SETITEM"); err == nil {
+						setKey(d, k)
+					}
+				}
+			}
+			_ = v
+		case opSetItems:
+			var items []sval
+			if items, err = popMark("SETITEMS"); err == nil {
+				if len(items)%2 != 0 {
+					err = malformed("SETITEMS with an odd number of items")
+					break
+				}
+				var d sval
+				if d, err = top("SETITEMS"); err == nil {
+					for i := 0; i+1 < len(items); i += 2 {
+						setKey(d, items[i])
+					}
+				}
+			}
+		case opProto:
+		case 0x81: // NEWOBJ
+			if _, err = pop("NEWOBJ"); err == nil {
+				if _, err = pop("NEWOBJ"); err == nil {
+					push(object())
+				}
+			}
+		case 0x92: // NEWOBJ_EX
+			for i := 0; i < 3 && err == nil; i++ {
+				_, err = pop("NEWOBJ_EX")
+			}
+			if err == nil {
+				push(object())
+			}
 		case 0x82, 0x83, 0x84:
 			// The copyreg extension registry maps codes to globals.
 			addGlobal("<extension registry code>")
-			push(pushed{})
-		case 'X', 'U', 0x8c, 0x8d, 'T':
-			push(pushed{string(arg), true})
-		case 'V', 'S':
-			push(pushed{lines[0], true})
-		case 'h':
-			push(memo[uint64(arg[0])])
-		case 'j':
-			push(memo[uint64(binary.LittleEndian.Uint32(arg))])
-		case 'g':
-			i, _ := strconv.ParseUint(lines[0], 10, 64)
-			push(memo[i])
-		case 'q':
-			memo[uint64(arg[0])] = top()
-		case 'r':
-			memo[uint64(binary.LittleEndian.Uint32(arg))] = top()
-		case 'p':
-			i, _ := strconv.ParseUint(lines[0], 10, 64)
-			memo[i] = top()
-		case opMemoize:
-			memo[uint64(len(memo))] = top()
-		case opStop:
-			return buf, globals, nil
+			push(object())
+		case opTuple1, opTuple2, opTuple3:
+			for i := 0; i < int(op-opTuple1)+1 && err == nil; i++ {
+				_, err = pop("TUPLE1/2/3")
+			}
+			if err == nil {
+				push(object())
+			}
+		case opStackGlobal:
+			var name, module sval
+			if name, err = pop("STACK_GLOBAL"); err == nil {
+				if module, err = pop("STACK_GLOBAL"); err == nil {
+					if name.kind == 's' && module.kind == 's' {
+						addGlobal(normalizeGlobal(module.s, name.s))
+					} else {
+						// Python refuses non-string operands; listing the
+						// global as unresolved makes the allowlist refuse too.
+						addGlobal(unresolvedGlobal)
+					}
+					push(object())
+				}
+			}
+		case 0x95: // FRAME: the frame's bytes must follow within the data
+			n := le.Uint64(arg)
+			if n > uint64(limit-int64(len(buf))) {
+				return res, fmt.Errorf("pickle FRAME of %d bytes at offset %d runs past the end of the data", n, opStart)
+			}
+			frameEnd = int64(len(buf)) + int64(n)
+		case 0x98: // READONLY_BUFFER
+			_, err = top("READONLY_BUFFER")
 		default:
-			push(pushed{})
+			return res, fmt.Errorf("internal error: pickle opcode 0x%02x has no stack rule", op)
+		}
+		if err != nil {
+			return res, err
 		}
 	}
 }

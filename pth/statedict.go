@@ -26,6 +26,9 @@ func (c *Checkpoint) findState() {
 		return
 	}
 	queue := []item{{root, []string{}}}
+	// Each dict is visited once: a pickle can share one dict under many
+	// keys at every level, and without this the queue grows exponentially.
+	seen := map[*Dict]bool{root: true}
 	for depth := 0; depth < 5 && len(queue) > 0; depth++ {
 		var next []item
 		for _, it := range queue {
@@ -38,7 +41,8 @@ func (c *Checkpoint) findState() {
 			}
 			for _, k := range childOrder(it.d) {
 				v, _ := it.d.Get(k)
-				if d, ok := v.(*Dict); ok {
+				if d, ok := v.(*Dict); ok && !seen[d] {
+					seen[d] = true
 					next = append(next, item{d, append(append([]string{}, it.path...), k)})
 				}
 			}
@@ -193,8 +197,13 @@ func (c *Checkpoint) SetValues(key string, v []float64) error {
 	return nil
 }
 
-// maxDecode bounds the elements TensorValues allocates (16 GiB of float64).
-const maxDecode = 1 << 31
+// maxDecode bounds the elements TensorValues allocates (16 GiB of float64);
+// maxExpand bounds those of a tensor that views fewer storage elements than
+// it has (overlapping strides), 128 MiB of float64.
+const (
+	maxDecode = 1 << 31
+	maxExpand = 1 << 24
+)
 
 // TensorValues decodes any tensor of the checkpoint (optimizer buffers
 // included) into float64, row-major.
@@ -207,20 +216,23 @@ func (c *Checkpoint) TensorValues(t *Tensor) ([]float64, error) {
 		return nil, fmt.Errorf("dtype %s cannot be decoded to real numbers", t.DType())
 	}
 	n := t.Numel()
-	if n > maxDecode {
+	if n > maxDecode || (n > t.Storage.Numel && n > maxExpand) {
 		// A stride-0 (expanded) tensor can claim any size over a tiny
-		// storage; refuse rather than allocate without bound.
-		return nil, fmt.Errorf("tensor of %d elements is more than %d, the most this package decodes", n, maxDecode)
+		// storage; refuse rather than allocate for elements the file does
+		// not hold.
+		return nil, fmt.Errorf("tensor of %d elements over a storage of %d is more than this package decodes", n, t.Storage.Numel)
 	}
-	out := make([]float64, n)
 	lo, hi := t.span()
 	if n == 0 || hi == lo {
-		return out, nil
+		return make([]float64, n), nil
 	}
+	// Read first: the bytes prove the elements exist before the float64
+	// copy is allocated.
 	raw, err := c.readRange(t.Storage, int64(lo)*int64(es), int64(hi-lo)*int64(es))
 	if err != nil {
 		return nil, err
 	}
+	out := make([]float64, n)
 	if t.Contiguous() {
 		return out, decode(t.DType(), raw, out)
 	}

@@ -2,6 +2,7 @@ package pth
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"math/big"
 	"sort"
@@ -25,15 +26,34 @@ type storageResolver func(key string, dtype DType, numel int, location string, c
 type unpickler struct {
 	resolve  storageResolver
 	storages map[string]*Storage
+	// contentErr is the last error a hook reported about the checkpoint's
+	// content (a missing record, a tensor outside its storage), which is
+	// not a malformed pickle and is reported without that label.
+	contentErr error
+}
+
+// content records err as a content error and returns it.
+func (u *unpickler) content(err error) error {
+	u.contentErr = err
+	return err
 }
 
 // load decodes data into an object tree. gopickle panics on some malformed
 // inputs (an empty LONG1, an unhashable dict key); recover turns those into
 // errors.
-func (u *unpickler) load(data []byte) (root Value, err error) {
+func (u *unpickler) load(data []byte) (Value, error) {
+	raw, err := u.run(data)
+	if err != nil {
+		return nil, err
+	}
+	return convertTree(raw)
+}
+
+// run is gopickle's part, the one that panics on some malformed inputs.
+func (u *unpickler) run(data []byte) (raw any, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			root, err = nil, fmt.Errorf("malformed pickle: %v", r)
+			raw, err = nil, fmt.Errorf("malformed pickle: %v", r)
 		}
 	}()
 	if u.storages == nil {
@@ -42,10 +62,28 @@ func (u *unpickler) load(data []byte) (root Value, err error) {
 	p := pickle.NewUnpickler(bytes.NewReader(data))
 	p.FindClass = u.findClass
 	p.PersistentLoad = u.persistentLoad
-	raw, err := p.Load()
+	raw, err = p.Load()
 	if err != nil {
+		if err == u.contentErr {
+			return nil, err
+		}
 		return nil, fmt.Errorf("malformed pickle: %w", err)
 	}
+	return raw, nil
+}
+
+// errInternal marks a panic in this package's own code, contained so that
+// a bug cannot crash a conversion; the fuzz tests fail on it.
+var errInternal = errors.New("internal error decoding the pickle (please report it)")
+
+// convertTree is this package's part. It should never panic; if it does,
+// the panic becomes an error that says it is a bug.
+func convertTree(raw any) (root Value, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			root, err = nil, fmt.Errorf("%w: %v", errInternal, r)
+		}
+	}()
 	c := converter{memo: map[any]Value{}, busy: map[any]bool{}}
 	return c.convert(raw, 0)
 }
@@ -64,7 +102,10 @@ type rawCall struct {
 }
 
 // rebuildFunc is one of torch's tensor rebuild functions.
-type rebuildFunc struct{ g *Global }
+type rebuildFunc struct {
+	g *Global
+	u *unpickler
+}
 
 // paramClass is torch.nn.parameter.Parameter.
 type paramClass struct{ g *Global }
@@ -86,7 +127,7 @@ func (u *unpickler) findClass(module, name string) (any, error) {
 	g := &Global{Module: full[:i], Name: full[i+1:]}
 	switch {
 	case g.Module == "torch._utils" || full == "torch._tensor._rebuild_from_type_v2":
-		return &rebuildFunc{g}, nil
+		return &rebuildFunc{g, u}, nil
 	case full == "torch.nn.parameter.Parameter":
 		return &paramClass{g}, nil
 	case full == "_codecs.encode":
@@ -112,7 +153,7 @@ func (u *unpickler) persistentLoad(pid any) (any, error) {
 		dtype, ok = Uint8, true
 	}
 	if !ok {
-		return nil, fmt.Errorf("unsupported storage class %s", cls.g)
+		return nil, u.content(fmt.Errorf("unsupported storage class %s", cls.g))
 	}
 	key, ok1 := t.Get(2).(string)
 	loc, ok2 := t.Get(3).(string)
@@ -133,7 +174,7 @@ func (u *unpickler) persistentLoad(pid any) (any, error) {
 	}
 	st, err := u.resolve(key, dtype, numel, loc, cls.g)
 	if err != nil {
-		return nil, err
+		return nil, u.content(err)
 	}
 	u.storages[key] = st
 	return &storageRef{st}, nil
@@ -147,7 +188,7 @@ func (f *rebuildFunc) Call(args ...any) (any, error) {
 		}
 		t, err := newTensor(args[0], args[1], args[2], args[3])
 		if err != nil {
-			return nil, err
+			return nil, f.u.content(err)
 		}
 		rg, ok := args[4].(bool)
 		if !ok {
@@ -165,7 +206,11 @@ func (f *rebuildFunc) Call(args ...any) (any, error) {
 		if len(args) != 4 {
 			return nil, fmt.Errorf("_rebuild_tensor with %d arguments", len(args))
 		}
-		return newTensor(args[0], args[1], args[2], args[3])
+		t, err := newTensor(args[0], args[1], args[2], args[3])
+		if err != nil {
+			return nil, f.u.content(err)
+		}
+		return t, nil
 	case "torch._utils._rebuild_parameter", "torch._utils._rebuild_parameter_with_state":
 		if len(args) != 3 && len(args) != 4 {
 			return nil, fmt.Errorf("%s with %d arguments", f.g.Name, len(args))
@@ -325,11 +370,24 @@ const limitElems = 1 << 50
 // checkBounds verifies that every element the tensor views lies inside its
 // storage.
 func (t *Tensor) checkBounds() error {
-	n, hi := 1, t.Offset
+	// Every dimension is checked before an empty one ends the walk, so
+	// that a zero cannot hide a negative or huge size behind it.
 	for i, d := range t.Shape {
-		if d < 0 || d > limitElems || t.Stride[i] < 0 || t.Stride[i] > limitElems {
+		if d < 0 {
+			return fmt.Errorf("tensor size %v has a negative dimension", t.Shape)
+		}
+		if t.Stride[i] < 0 {
+			return fmt.Errorf("tensor stride %v is negative (size %v)", t.Stride, t.Shape)
+		}
+		if d > limitElems || t.Stride[i] > limitElems {
 			return fmt.Errorf("tensor size %v / stride %v out of range", t.Shape, t.Stride)
 		}
+	}
+	if t.Offset > limitElems {
+		return fmt.Errorf("tensor storage offset %d out of range", t.Offset)
+	}
+	n, hi := 1, t.Offset
+	for i, d := range t.Shape {
 		if d == 0 {
 			return nil
 		}
@@ -514,6 +572,11 @@ func (c *converter) setItem(d *Dict, k, v any, depth int) error {
 	cv, err := c.convert(v, depth+1)
 	if err != nil {
 		return err
+	}
+	// Python merges a key set twice; the scan refuses plain keys set twice,
+	// and this catches the rest (tuple keys, 1 and True).
+	if _, dup := d.Get(ck); dup {
+		return fmt.Errorf("dict key %s is set twice in one dict", keyString(ck))
 	}
 	return d.Set(ck, cv)
 }

@@ -153,17 +153,38 @@ func hashOf(k Value) (hashKey, error) {
 	case *Global:
 		return hashKey{kind: 'g', s: k.String()}, nil
 	case *Tuple:
-		var b strings.Builder
-		for _, it := range k.Items {
-			h, err := hashOf(it)
-			if err != nil {
-				return hashKey{}, err
-			}
-			fmt.Fprintf(&b, "%c%q/%d/%v;", h.kind, h.s, h.i, h.f)
-		}
-		return hashKey{kind: 't', s: b.String()}, nil
+		budget := maxKeyItems
+		return hashTuple(k, &budget)
 	}
 	return hashKey{}, fmt.Errorf("unhashable dict key of type %s", typeName(k))
+}
+
+// maxKeyItems bounds the items of a tuple key, nested tuples included: a
+// pickle can share one tuple many times inside another, and hashing such a
+// key would otherwise take time exponential in its nesting.
+const maxKeyItems = 1 << 12
+
+// hashTuple encodes a tuple key with length-prefixed fields, so that the
+// encoding grows linearly with nesting (quoting would double it per level).
+func hashTuple(k *Tuple, budget *int) (hashKey, error) {
+	var b strings.Builder
+	for _, it := range k.Items {
+		if *budget--; *budget < 0 {
+			return hashKey{}, fmt.Errorf("dict key tuple has more than %d items", maxKeyItems)
+		}
+		var h hashKey
+		var err error
+		if t, ok := it.(*Tuple); ok {
+			h, err = hashTuple(t, budget)
+		} else {
+			h, err = hashOf(it)
+		}
+		if err != nil {
+			return hashKey{}, err
+		}
+		fmt.Fprintf(&b, "%c%d:%s/%d/%v;", h.kind, len(h.s), h.s, h.i, h.f)
+	}
+	return hashKey{kind: 't', s: b.String()}, nil
 }
 
 // typeName names a Value's Python type, for error messages.
@@ -281,5 +302,7 @@ type record struct {
 	size   int64
 	crc    uint32
 	hasCRC bool
-	zf     zipOpener // non-nil for a compressed zip record
+	// verified is set once a read has checked the whole record's CRC-32.
+	verified bool
+	zf       zipOpener // non-nil for a compressed zip record
 }

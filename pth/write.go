@@ -149,6 +149,16 @@ func (c *Checkpoint) plan() (*writePlan, error) {
 	return p, nil
 }
 
+// pathErrorCause drops the *fs.PathError wrapper, whose path (a temporary
+// file's) would only confuse a message that names the output.
+func pathErrorCause(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
+}
+
 func contiguousStride(shape []int) []int {
 	s := make([]int, len(shape))
 	n := 1
@@ -251,15 +261,16 @@ func (c *Checkpoint) write(path string, opt WriteOptions, force64 bool) (err err
 	dir := filepath.Dir(path)
 	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
 	if err != nil {
-		return err
+		return fmt.Errorf("%s: creating a temporary file in %s: %w", path, dir, pathErrorCause(err))
 	}
+	defer removeOnSignal(tmp.Name())()
 	defer func() {
 		if err != nil {
 			tmp.Close()
 			os.Remove(tmp.Name())
 		}
 	}()
-	bw := bufio.NewWriterSize(tmp, 1<<16)
+	bw := bufio.NewWriterSize(withFault(tmp), 1<<16)
 	if _, err = c.writeTo(bw, force64); err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}
@@ -267,7 +278,7 @@ func (c *Checkpoint) write(path string, opt WriteOptions, force64 bool) (err err
 		return fmt.Errorf("%s: %w", path, err)
 	}
 	if err = tmp.Chmod(mode); err != nil {
-		return err
+		return fmt.Errorf("%s: %w", path, err)
 	}
 	if opt.Sync {
 		if err = tmp.Sync(); err != nil {
@@ -278,7 +289,7 @@ func (c *Checkpoint) write(path string, opt WriteOptions, force64 bool) (err err
 		return fmt.Errorf("%s: %w", path, err)
 	}
 	if err = os.Rename(tmp.Name(), path); err != nil {
-		return err
+		return fmt.Errorf("%s: %w", path, err)
 	}
 	// Make the rename durable; failing to sync a directory is not worth
 	// failing a finished write for.

@@ -1,0 +1,73 @@
+package convert
+
+import (
+	"fmt"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/abnconvert/abnconvert/onnx"
+	"github.com/abnconvert/abnconvert/rewrite"
+)
+
+// isONNX tells the formats apart by extension: .onnx is ONNX, anything
+// else is read as a PyTorch checkpoint.
+func isONNX(path string) bool { return strings.EqualFold(filepath.Ext(path), ".onnx") }
+
+// runONNX converts an ONNX graph: the structure comes from the file, so no
+// recogniser is needed, and the output is ONNX again (see onnx.Write).
+func runONNX(opt Options, start time.Time) (*Result, error) {
+	if !isONNX(opt.Output) {
+		return nil, fmt.Errorf("%s: an ONNX input is written as ONNX; give an --output ending in .onnx", opt.Output)
+	}
+	if opt.EmitModule != "" {
+		return nil, fmt.Errorf("%s: --emit-module needs a PyTorch checkpoint (module paths and a state dict); an ONNX input is converted to ONNX", opt.EmitModule)
+	}
+	opt.progress("reading %s", opt.Input)
+	m, err := onnx.Read(opt.Input)
+	if err != nil {
+		return nil, err
+	}
+	opt.progress("read %d nodes (opset %d)", len(m.Graph.Nodes), m.Opset)
+	rep, err := rewrite.Run(m.Graph, m.Weights, rewriteOptions(opt))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", opt.Input, err)
+	}
+	res := &Result{
+		Input: opt.Input, Output: opt.Output, Format: "onnx", StatePath: []string{},
+		Arch: m.Graph.Arch, Family: "onnx", ExactArch: true,
+		Options: ReportOptions{ReLU: opt.ReLU, Slope: opt.Slope, Sync: opt.Sync},
+		Report:  rep, Warnings: append([]string(nil), rep.Warnings...),
+	}
+	if opaque := m.Opaque(); len(opaque) > 0 {
+		res.Notes = append(res.Notes, fmt.Sprintf("%d node(s) the IR does not model were carried through unchanged: %s", len(opaque), summarize(opaque, 6)))
+	}
+	opt.progress("writing %s", opt.Output)
+	wo := onnx.WriteOptions{Force: opt.Force}
+	switch opt.ONNXOps {
+	case "", "custom":
+	case "standard":
+		wo.StandardOps = true
+	case "fold":
+		wo.FoldForInference = true
+	default:
+		return nil, fmt.Errorf("--onnx-ops %q: want custom, standard or fold", opt.ONNXOps)
+	}
+	if err := m.Write(opt.Output, wo); err != nil {
+		return nil, err
+	}
+	res.Seconds = time.Since(start).Seconds()
+	if opt.ReportPath != "" {
+		if err := writeReport(opt, res); err != nil {
+			return nil, err
+		}
+	}
+	return res, nil
+}
+
+func summarize(s []string, n int) string {
+	if len(s) <= n {
+		return strings.Join(s, ", ")
+	}
+	return strings.Join(s[:n], ", ") + fmt.Sprintf(" and %d more", len(s)-n)
+}

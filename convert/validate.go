@@ -1,0 +1,63 @@
+package convert
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+
+	"github.com/abnconvert/abnconvert/graph"
+)
+
+// validateBN checks the parameters of every normalisation layer before the
+// rewrite touches them. A NaN or infinite parameter, or a negative running
+// variance, cannot come out of training; it means a corrupt or tampered
+// checkpoint, and converting it would hide the damage behind layers whose
+// outputs are NaN. The error names the key, the element and the problem.
+func validateBN(g *graph.Graph, w graph.Weights) error {
+	for _, n := range g.Nodes {
+		switch n.Op {
+		case graph.OpBatchNorm, graph.OpABN, graph.OpInPlaceABN, graph.OpInPlaceABNSync:
+		default:
+			continue
+		}
+		for _, role := range []string{graph.RoleWeight, graph.RoleBias, graph.RoleRunningMean, graph.RoleRunningVar} {
+			key, ok := n.Params[role]
+			if !ok {
+				continue
+			}
+			v, err := w.Values(key)
+			if err != nil {
+				return err
+			}
+			for i, x := range v {
+				switch {
+				case math.IsNaN(x) || math.IsInf(x, 0):
+					return fmt.Errorf("%s[%d] = %s: BN parameters must be finite", key, i, formatValue(x))
+				case role == graph.RoleRunningVar && x < 0:
+					return fmt.Errorf("%s[%d] = %s: a variance cannot be negative", key, i, formatValue(x))
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// formatValue prints x as briefly as its stored precision allows: float32
+// values (most checkpoints) with the shortest float32 form, so that -0.5
+// reads -0.5 and not -0.5000000000000001.
+func formatValue(x float64) string {
+	if float64(float32(x)) == x {
+		return strconv.FormatFloat(x, 'g', -1, 32)
+	}
+	return strconv.FormatFloat(x, 'g', -1, 64)
+}
+
+// withPath prefixes err with the file it concerns, unless the message
+// already starts with it (pth's own errors do).
+func withPath(path string, err error) error {
+	if strings.HasPrefix(err.Error(), path+": ") {
+		return err
+	}
+	return fmt.Errorf("%s: %w", path, err)
+}

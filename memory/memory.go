@@ -1,0 +1,250 @@
+// Package memory measures what training a network keeps in memory, before
+// and after conversion, by running the training step in the runtime on its
+// shape-only backend: the same executor and allocator as a computing run,
+// with no arithmetic, so full-size figures come in seconds.
+package memory
+
+import (
+	"fmt"
+	"io"
+
+	"github.com/abnconvert/abnconvert/arch"
+	"github.com/abnconvert/abnconvert/graph"
+	"github.com/abnconvert/abnconvert/pth"
+	"github.com/abnconvert/abnconvert/rewrite"
+	"github.com/abnconvert/abnconvert/runtime"
+)
+
+// Options are memory's inputs.
+type Options struct {
+	Input string
+	Arch  string
+	ReLU  string
+	Slope float64
+	Batch int
+	Size  int
+	// Budget, when positive, asks for the largest batch whose peak fits.
+	Budget   int64
+	Progress io.Writer
+	// NewBackend makes the measuring backend; nil means the shape-only one.
+	NewBackend func() runtime.Backend
+}
+
+// Figures are one variant's measurement.
+type Figures struct {
+	SavedBytes int64                 `json:"saved_bytes"`
+	PeakBytes  int64                 `json:"peak_bytes"`
+	ParamBytes int64                 `json:"param_bytes"`
+	MaxBatch   int                   `json:"max_batch,omitempty"`
+	Layers     []runtime.LayerMemory `json:"layers,omitempty"`
+}
+
+// Technique is one row of the per-technique table.
+type Technique struct {
+	Name       string  `json:"name"`
+	SavedBytes int64   `json:"saved_bytes"`
+	PeakBytes  int64   `json:"peak_bytes"`
+	Saving     float64 `json:"saving"` // of saved bytes, against the original
+	MaxBatch   int     `json:"max_batch,omitempty"`
+}
+
+// Result is what memory prints; its JSON carries at least
+// {"original": {"saved_bytes", "peak_bytes"}, "converted": {...}}.
+type Result struct {
+	Input      string      `json:"input"`
+	Arch       string      `json:"arch"`
+	Batch      int         `json:"batch"`
+	Size       int         `json:"size"`
+	Backend    string      `json:"backend"`
+	Budget     int64       `json:"budget_bytes,omitempty"`
+	Original   Figures     `json:"original"`
+	Converted  Figures     `json:"converted"`
+	Techniques []Technique `json:"techniques"`
+}
+
+// variant is one graph to measure.
+type variant struct {
+	name string
+	g    *graph.Graph
+	w    graph.Weights
+	opt  runtime.Options
+}
+
+func (o *Options) progress(format string, args ...any) {
+	if o.Progress != nil {
+		fmt.Fprintf(o.Progress, "memory: "+format+"\n", args...)
+	}
+}
+
+// Run measures the original network and its default conversion (InPlace-ABN
+// and, for DenseNets, shared buffers), and each technique alone.
+func Run(opt Options) (*Result, error) {
+	if opt.Arch == "" {
+		opt.Arch = "auto"
+	}
+	if opt.ReLU == "" {
+		opt.ReLU = "leaky"
+	}
+	if opt.Slope == 0 {
+		opt.Slope = 0.01
+	}
+	if opt.Batch < 1 || opt.Size < 1 {
+		return nil, fmt.Errorf("--batch %d, --size %d: both must be positive", opt.Batch, opt.Size)
+	}
+	if opt.NewBackend == nil {
+		opt.NewBackend = runtime.NewShapes
+	}
+	orig, err := pth.Open(opt.Input)
+	if err != nil {
+		return nil, err
+	}
+	defer orig.Close()
+	g0, match, err := arch.Recognize(orig, opt.Arch)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", opt.Input, err)
+	}
+	conv, err := pth.Open(opt.Input) // a second view: the rewrite changes it in memory only
+	if err != nil {
+		return nil, err
+	}
+	defer conv.Close()
+	g1, _, err := arch.Recognize(conv, opt.Arch)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", opt.Input, err)
+	}
+	rep, err := rewrite.Run(g1, conv, rewrite.Options{ReLU: opt.ReLU, Slope: opt.Slope})
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", opt.Input, err)
+	}
+	variants := []variant{
+		{name: "original (BN + activation)", g: g0, w: orig},
+		{name: "InPlace-ABN", g: g1, w: conv, opt: runtime.Options{NoRecompute: true}},
+	}
+	if len(rep.DenseLayers) > 0 {
+		variants = append(variants, variant{name: "InPlace-ABN + shared DenseNet buffers", g: g1, w: conv})
+	}
+	res := &Result{Input: opt.Input, Arch: match.Arch, Batch: opt.Batch, Size: opt.Size, Budget: opt.Budget}
+	var figs []Figures
+	for _, v := range variants {
+		opt.progress("measuring %s at batch %d, %dx%d", v.name, opt.Batch, opt.Size, opt.Size)
+		f, backend, err := measure(v, opt.Batch, opt.Size, opt.NewBackend)
+		if err != nil {
+			return nil, err
+		}
+		res.Backend = backend
+		if opt.Budget > 0 {
+			opt.progress("largest batch of %s within %d bytes", v.name, opt.Budget)
+			f.MaxBatch, err = maxBatch(v, opt.Size, opt.Budget, opt.NewBackend)
+			if err != nil {
+				return nil, err
+			}
+		}
+		figs = append(figs, f)
+	}
+	res.Original = figs[0]
+	res.Converted = figs[len(figs)-1]
+	for i, v := range variants {
+		t := Technique{Name: v.name, SavedBytes: figs[i].SavedBytes, PeakBytes: figs[i].PeakBytes, MaxBatch: figs[i].MaxBatch}
+		if figs[0].SavedBytes > 0 {
+			t.Saving = 1 - float64(t.SavedBytes)/float64(figs[0].SavedBytes)
+		}
+		res.Techniques = append(res.Techniques, t)
+	}
+	return res, nil
+}
+
+// measure runs one training step (forward and backward) of v.
+func measure(v variant, batch, size int, nb func() runtime.Backend) (Figures, string, error) {
+	b := nb()
+	ex, err := runtime.New(v.g, v.w, b, v.opt)
+	if err != nil {
+		return Figures{}, "", fmt.Errorf("%s: %w", v.name, err)
+	}
+	defer ex.Close()
+	x := &runtime.HostTensor{Shape: []int{batch, 3, size, size}}
+	if b.Executes() {
+		x = runtime.NewHostTensor(batch, 3, size, size)
+	}
+	y, err := ex.Forward(x, true)
+	if err != nil {
+		return Figures{}, "", fmt.Errorf("%s: %w", v.name, err)
+	}
+	dy := &runtime.HostTensor{Shape: y.Shape}
+	if b.Executes() {
+		dy = runtime.NewHostTensor(y.Shape...)
+	}
+	if _, _, err := ex.Backward(dy); err != nil {
+		return Figures{}, "", fmt.Errorf("%s: %w", v.name, err)
+	}
+	m := ex.Memory()
+	return Figures{SavedBytes: m.SavedBytes, PeakBytes: m.PeakBytes, ParamBytes: m.ParamBytes, Layers: m.Layers}, m.Backend, nil
+}
+
+// maxBatch finds the largest batch whose peak fits the budget: it measures
+// two sizes, solves the (affine) peak for the budget, then measures around
+// the estimate until it holds the exact boundary. Measuring, not trusting
+// the line, keeps it right where the allocator's reuse is not affine.
+func maxBatch(v variant, size int, budget int64, nb func() runtime.Backend) (int, error) {
+	// What must fit is the parameters plus the step's peak (activations,
+	// gradients).
+	peak := func(b int) (int64, error) {
+		f, _, err := measure(v, b, size, nb)
+		return f.ParamBytes + f.PeakBytes, err
+	}
+	// Fit the line on batches 2 and 4: batch 1 cannot train networks
+	// whose last feature map is 1x1 (one value per BN channel).
+	p2, err := peak(2)
+	if err != nil {
+		return 0, err
+	}
+	if p2 > budget {
+		p1, err := peak(1)
+		if err != nil || p1 > budget {
+			return 0, nil
+		}
+		return 1, nil
+	}
+	p4, err := peak(4)
+	if err != nil {
+		return 0, err
+	}
+	slope := (p4 - p2) / 2
+	if slope <= 0 {
+		return 0, fmt.Errorf("%s: peak does not grow with the batch (%d, %d bytes)", v.name, p2, p4)
+	}
+	est := 2 + int((budget-p2)/slope)
+	// Walk to the boundary: lo fits, hi does not.
+	lo, hi := 0, 0
+	pe, err := peak(est)
+	if err != nil {
+		return 0, err
+	}
+	if pe <= budget {
+		lo, hi = est, est+1
+		for {
+			ph, err := peak(hi)
+			if err != nil {
+				return 0, err
+			}
+			if ph > budget {
+				break
+			}
+			lo, hi = hi, hi*2
+		}
+	} else {
+		lo, hi = 2, est
+	}
+	for hi-lo > 1 {
+		mid := (lo + hi) / 2
+		pm, err := peak(mid)
+		if err != nil {
+			return 0, err
+		}
+		if pm <= budget {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	return lo, nil
+}

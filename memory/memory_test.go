@@ -1,0 +1,110 @@
+package memory
+
+import (
+	"path/filepath"
+	"testing"
+
+	"github.com/abnconvert/abnconvert/runtime"
+)
+
+func fixture(name string) string { return filepath.Join("..", "fixtures", "testdata", name+".pth") }
+
+// TestSaving: on every fixture the conversion keeps less for backward, and
+// DenseNets get the shared-buffer row.
+func TestSaving(t *testing.T) {
+	for _, name := range []string{"tiny_resnet_basic", "tiny_resnext", "tiny_densenet", "tiny_vgg"} {
+		t.Run(name, func(t *testing.T) {
+			r, err := Run(Options{Input: fixture(name), Batch: 4, Size: 32})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Original.SavedBytes <= 0 || r.Converted.SavedBytes >= r.Original.SavedBytes {
+				t.Fatalf("saved bytes: original %d, converted %d", r.Original.SavedBytes, r.Converted.SavedBytes)
+			}
+			if r.Converted.PeakBytes > r.Original.PeakBytes || r.Converted.PeakBytes < r.Converted.SavedBytes {
+				t.Fatalf("peaks: original %d, converted %d (saved %d)", r.Original.PeakBytes, r.Converted.PeakBytes, r.Converted.SavedBytes)
+			}
+			want := 2
+			if name == "tiny_densenet" {
+				want = 3
+			}
+			if len(r.Techniques) != want {
+				t.Fatalf("%d technique rows, want %d", len(r.Techniques), want)
+			}
+		})
+	}
+}
+
+// TestShapesMatchCPU: the shape-only measurement is the computing
+// backend's, byte for byte.
+func TestShapesMatchCPU(t *testing.T) {
+	a, err := Run(Options{Input: fixture("tiny_densenet"), Batch: 2, Size: 32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Run(Options{Input: fixture("tiny_densenet"), Batch: 2, Size: 32, NewBackend: func() runtime.Backend { return runtime.NewCPU(1) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range a.Techniques {
+		if a.Techniques[i].SavedBytes != b.Techniques[i].SavedBytes || a.Techniques[i].PeakBytes != b.Techniques[i].PeakBytes {
+			t.Fatalf("%s: shapes %+v, cpu %+v", a.Techniques[i].Name, a.Techniques[i], b.Techniques[i])
+		}
+	}
+}
+
+// TestMaxBatch: the answer fits and the next batch does not, measured.
+func TestMaxBatch(t *testing.T) {
+	probe, err := Run(Options{Input: fixture("tiny_resnext"), Batch: 10, Size: 32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	budget := probe.Original.ParamBytes + probe.Original.PeakBytes + probe.Original.PeakBytes/7 // somewhere past batch 10
+	r, err := Run(Options{Input: fixture("tiny_resnext"), Batch: 2, Size: 32, Budget: budget})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tech := range r.Techniques {
+		if tech.MaxBatch < 10 {
+			t.Fatalf("%s: max batch %d, but batch 10 fits %d bytes", tech.Name, tech.MaxBatch, budget)
+		}
+		at := func(b int) int64 {
+			x, err := Run(Options{Input: fixture("tiny_resnext"), Batch: b, Size: 32})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, y := range x.Techniques {
+				if y.Name == tech.Name {
+					return y.PeakBytes + x.Original.ParamBytes
+				}
+			}
+			t.Fatalf("no row %s", tech.Name)
+			return 0
+		}
+		if p := at(tech.MaxBatch); p > budget {
+			t.Errorf("%s: batch %d peaks at %d > budget %d", tech.Name, tech.MaxBatch, p, budget)
+		}
+		if p := at(tech.MaxBatch + 1); p <= budget {
+			t.Errorf("%s: batch %d also fits (%d <= %d)", tech.Name, tech.MaxBatch+1, p, budget)
+		}
+	}
+	if r.Techniques[1].MaxBatch <= r.Techniques[0].MaxBatch {
+		t.Errorf("conversion does not raise the max batch: %+v", r.Techniques)
+	}
+}
+
+func TestPlot(t *testing.T) {
+	r, err := Run(Options{Input: fixture("tiny_densenet"), Batch: 2, Size: 32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ext := range []string{".svg", ".png"} {
+		b, err := Plot("mem"+ext, r)
+		if err != nil || len(b) < 100 {
+			t.Fatalf("%s: %v (%d bytes)", ext, err, len(b))
+		}
+	}
+	if _, err := Plot("mem.pdf", r); err == nil {
+		t.Fatal("pdf accepted")
+	}
+}

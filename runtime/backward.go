@@ -1,0 +1,418 @@
+package runtime
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/abnconvert/abnconvert/graph"
+)
+
+// Backward runs the backward pass of the last forward from dOut, the
+// gradient of the graph's output. It returns the gradient of the graph's
+// input and the gradients of every weight and bias, keyed by state-dict key.
+//
+// Gradient buffers follow one rule, the same on every backend: a value's
+// gradient is allocated when its first contribution arrives and freed once
+// its producer's backward has run; elementwise backwards (activations, the
+// BN family, dropout, flatten, add) write their input gradient over their
+// output gradient instead of allocating, since that is dead afterwards.
+func (e *Executor) Backward(dOut *HostTensor) (*HostTensor, map[string][]float32, error) {
+	r := e.run
+	if r == nil || !r.p.save || r.done {
+		return nil, nil, ErrNoForward
+	}
+	p := r.p
+	oi := e.index[e.g.Output.Producer]
+	if dOut == nil || !sameInts(dOut.Shape, p.shapes[oi]) {
+		var got []int
+		if dOut != nil {
+			got = dOut.Shape
+		}
+		return nil, nil, fmt.Errorf("runtime: output gradient has shape %v, the output %v", got, p.shapes[oi])
+	}
+	if e.b.Executes() && len(dOut.Data) != numel(dOut.Shape) {
+		return nil, nil, fmt.Errorf("runtime: output gradient has %d values for shape %v", len(dOut.Data), dOut.Shape)
+	}
+	g, err := e.allocGrad(r, p.shapes[oi])
+	if err != nil {
+		return nil, nil, e.fail(fmt.Errorf("runtime: output gradient: %w", err))
+	}
+	r.grads[oi] = g
+	if e.b.Executes() {
+		if err := e.b.Upload(g.t, dOut.Data); err != nil {
+			return nil, nil, e.fail(fmt.Errorf("runtime: output gradient: %w", err))
+		}
+	}
+	for i := p.n - 1; i >= 0; i-- {
+		nd := e.g.Nodes[i]
+		start := time.Now()
+		if r.grads[i].buf != nil && i > 0 {
+			if err := e.backward(r, i, nd); err != nil {
+				return nil, nil, e.fail(fmt.Errorf("runtime: backward of node %s (%s): %w", nd.Name, nd.Op, err))
+			}
+			e.dropGrad(r, i)
+		}
+		if err := e.freeStep(r, p.bstep(i)); err != nil {
+			return nil, nil, e.fail(err)
+		}
+		e.mem.Layers[i].BackwardLiveBytes = e.b.Stats().LiveBytes - e.base
+		if e.opt.Trace != nil {
+			e.opt.Trace("backward", i, p.n, nd, time.Since(start))
+		}
+	}
+
+	dx := &HostTensor{Shape: append([]int(nil), p.shapes[0]...)}
+	grads := map[string][]float32{}
+	if e.b.Executes() {
+		dx.Data = make([]float32, numel(dx.Shape))
+		if r.grads[0].buf != nil {
+			if err := e.b.Download(r.grads[0].t, dx.Data); err != nil {
+				return nil, nil, e.fail(fmt.Errorf("runtime: reading the input gradient: %w", err))
+			}
+		}
+	}
+	for k, t := range r.pgrads {
+		var v []float32
+		if e.b.Executes() {
+			v = make([]float32, numel(t.Shape()))
+			if err := e.b.Download(t, v); err != nil {
+				return nil, nil, e.fail(fmt.Errorf("runtime: reading the gradient of %s: %w", k, err))
+			}
+		}
+		grads[k] = v
+	}
+	e.mem.PeakBytes = e.b.Stats().PeakBytes - e.base
+	r.done = true
+	e.release()
+	return dx, grads, nil
+}
+
+// allocGrad allocates a gradient buffer.
+func (e *Executor) allocGrad(r *run, shape []int) (gref, error) {
+	t, err := e.b.Alloc(shape, Float32)
+	if err != nil {
+		return gref{}, err
+	}
+	return gref{buf: &gbuf{root: t, refs: 1}, t: t}, nil
+}
+
+// dropGrad releases node i's output gradient.
+func (e *Executor) dropGrad(r *run, i int) {
+	g := r.grads[i]
+	if g.buf == nil {
+		return
+	}
+	r.grads[i] = gref{}
+	g.buf.refs--
+	if g.buf.refs == 0 {
+		e.b.Free(g.buf.root)
+	}
+}
+
+// target is where an op writes a gradient, and what to do afterwards:
+// adopt it as the gradient, or add it into the gradient already there.
+type target struct {
+	dst    Tensor
+	shared bool // dst is the output gradient's own buffer
+	finish func() error
+}
+
+func noFinish() error { return nil }
+
+// inputTarget prepares the gradient of nd's k-th input. With reuse (the
+// output gradient, for ops that may overwrite it), the op writes there.
+func (e *Executor) inputTarget(r *run, nd *graph.Node, k int, reuse *gref) (target, error) {
+	j := e.index[nd.Inputs[k].Producer]
+	shape := r.p.shapes[j]
+	have := r.grads[j].buf != nil
+	if reuse != nil && reuse.buf != nil {
+		dst := reuse.t
+		if !sameInts(dst.Shape(), shape) {
+			v, err := e.b.View(reuse.buf.root, shape)
+			if err != nil {
+				return target{}, err
+			}
+			dst = v
+		}
+		if !have {
+			buf := reuse.buf
+			return target{dst: dst, shared: true, finish: func() error {
+				buf.refs++
+				r.grads[j] = gref{buf: buf, t: dst}
+				return nil
+			}}, nil
+		}
+		return target{dst: dst, shared: true, finish: func() error { return e.b.Accumulate(r.grads[j].t, dst) }}, nil
+	}
+	if !have {
+		g, err := e.allocGrad(r, shape)
+		if err != nil {
+			return target{}, err
+		}
+		// Adopted at once, so that an error on the way frees it too.
+		r.grads[j] = g
+		return target{dst: g.t, finish: noFinish}, nil
+	}
+	return e.tempTarget(r, shape, func(tmp Tensor) error { return e.b.Accumulate(r.grads[j].t, tmp) })
+}
+
+// tempTarget allocates a temporary that finish folds in with add and frees.
+// The run tracks it until then, so that an error in between frees it too.
+func (e *Executor) tempTarget(r *run, shape []int, add func(Tensor) error) (target, error) {
+	tmp, err := e.b.Alloc(shape, Float32)
+	if err != nil {
+		return target{}, err
+	}
+	r.temps[tmp] = true
+	return target{dst: tmp, finish: func() error {
+		err := add(tmp)
+		delete(r.temps, tmp)
+		if ferr := e.b.Free(tmp); err == nil {
+			err = ferr
+		}
+		return err
+	}}, nil
+}
+
+// paramTarget prepares the gradient of a node's parameter; dst is nil when
+// the node has no such parameter.
+func (e *Executor) paramTarget(r *run, nd *graph.Node, role string) (target, error) {
+	key := nd.Params[role]
+	if key == "" {
+		return target{finish: noFinish}, nil
+	}
+	shape := e.params[key].Shape()
+	t, ok := r.pgrads[key]
+	if !ok {
+		t, err := e.b.Alloc(shape, Float32)
+		if err != nil {
+			return target{}, err
+		}
+		r.pgrads[key] = t
+		return target{dst: t, finish: noFinish}, nil
+	}
+	return e.tempTarget(r, shape, func(tmp Tensor) error { return e.b.Accumulate(t, tmp) })
+}
+
+func finishAll(ts ...target) error {
+	for _, t := range ts {
+		if err := t.finish(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// backward runs node i's backward.
+func (e *Executor) backward(r *run, i int, nd *graph.Node) error {
+	p, b := r.p, e.b
+	dy := r.grads[i]
+	if gr := p.group[i]; gr != nil {
+		if i == gr.conv {
+			return e.groupBackward(r, gr)
+		}
+		return nil
+	}
+	switch nd.Op {
+	case graph.OpConv, graph.OpLinear:
+		tx, err := e.inputTarget(r, nd, 0, nil)
+		if err != nil {
+			return err
+		}
+		tw, err := e.paramTarget(r, nd, graph.RoleWeight)
+		if err != nil {
+			return err
+		}
+		tb, err := e.paramTarget(r, nd, graph.RoleBias)
+		if err != nil {
+			return err
+		}
+		x, w := e.in(r, nd, 0), e.param(nd, graph.RoleWeight)
+		if nd.Op == graph.OpConv {
+			err = b.Conv2dBackward(tx.dst, tw.dst, tb.dst, dy.t, x, w, convParams(nd))
+		} else {
+			err = b.LinearBackward(tx.dst, tw.dst, tb.dst, dy.t, x, w)
+		}
+		if err != nil {
+			return err
+		}
+		return finishAll(tx, tw, tb)
+	case graph.OpBatchNorm, graph.OpABN, graph.OpInPlaceABN, graph.OpInPlaceABNSync:
+		return e.normBackward(r, i, nd, &dy, e.in(r, nd, 0), r.vals[i])
+	case graph.OpReLU, graph.OpLeakyReLU, graph.OpELU:
+		act := actOf(nd)
+		fromOut := p.inPlace[i] || nd.Op == graph.OpReLU
+		saved := e.in(r, nd, 0)
+		if fromOut {
+			saved = r.vals[i]
+		}
+		tx, err := e.inputTarget(r, nd, 0, &dy)
+		if err != nil {
+			return err
+		}
+		if err := b.ActivationBackward(tx.dst, dy.t, saved, act, fromOut); err != nil {
+			return err
+		}
+		return tx.finish()
+	case graph.OpAdd:
+		for k := range nd.Inputs {
+			var reuse *gref
+			if k == len(nd.Inputs)-1 {
+				reuse = &dy
+			}
+			t, err := e.inputTarget(r, nd, k, reuse)
+			if err != nil {
+				return err
+			}
+			if !t.shared {
+				if err := b.Copy(t.dst, dy.t); err != nil {
+					return err
+				}
+			}
+			if err := t.finish(); err != nil {
+				return err
+			}
+		}
+		return nil
+	case graph.OpConcat:
+		return e.concatBackward(r, nd, dy.t)
+	case graph.OpMaxPool, graph.OpAvgPool, graph.OpAdaptiveAvgPool:
+		tx, err := e.inputTarget(r, nd, 0, nil)
+		if err != nil {
+			return err
+		}
+		switch nd.Op {
+		case graph.OpMaxPool:
+			err = b.MaxPoolBackward(tx.dst, dy.t, e.aux(r, i, 0))
+		case graph.OpAvgPool:
+			err = b.AvgPoolBackward(tx.dst, dy.t, poolParams(nd))
+		default:
+			err = b.AdaptiveAvgPoolBackward(tx.dst, dy.t)
+		}
+		if err != nil {
+			return err
+		}
+		return tx.finish()
+	case graph.OpFlatten, graph.OpDropout:
+		tx, err := e.inputTarget(r, nd, 0, &dy)
+		if err != nil {
+			return err
+		}
+		if nd.Op == graph.OpDropout && p.training {
+			err = b.Mul(tx.dst, dy.t, e.aux(r, i, 0))
+		} else if !tx.shared {
+			err = b.Copy(tx.dst, dy.t)
+		}
+		if err != nil {
+			return err
+		}
+		return tx.finish()
+	}
+	return fmt.Errorf("unsupported op")
+}
+
+// normBackward runs a BN-family node's backward from its saved tensors: the
+// input x for BatchNorm and ABN (and ABN's output y for its activation), the
+// output z alone for InPlace-ABN.
+func (e *Executor) normBackward(r *run, i int, nd *graph.Node, dy *gref, x, y Tensor) error {
+	b := e.b
+	tx, err := e.inputTarget(r, nd, 0, dy)
+	if err != nil {
+		return err
+	}
+	tw, err := e.paramTarget(r, nd, graph.RoleWeight)
+	if err != nil {
+		return err
+	}
+	tb, err := e.paramTarget(r, nd, graph.RoleBias)
+	if err != nil {
+		return err
+	}
+	w, bias := e.param(nd, graph.RoleWeight), e.param(nd, graph.RoleBias)
+	mean, variance := e.param(nd, graph.RoleRunningMean), e.param(nd, graph.RoleRunningVar)
+	if r.p.training {
+		mean, variance = e.aux(r, i, 0), e.aux(r, i, 1)
+	}
+	np := normParams(nd)
+	if nd.Op == graph.OpInPlaceABN || nd.Op == graph.OpInPlaceABNSync {
+		err = b.NormalizeBackwardFromOutput(tx.dst, tw.dst, tb.dst, dy.t, y, e.signs[i], variance, w, bias, np, r.p.training)
+	} else {
+		if np.Act.Kind != ActIdentity {
+			// The activation ran in place on the normalised output,
+			// which is what y holds.
+			if err := b.ActivationBackward(dy.t, dy.t, y, np.Act, true); err != nil {
+				return err
+			}
+			np.Act = Act{}
+		}
+		err = b.NormalizeBackward(tx.dst, tw.dst, tb.dst, dy.t, x, e.signs[i], mean, variance, w, np, r.p.training)
+	}
+	if err != nil {
+		return err
+	}
+	return finishAll(tx, tw, tb)
+}
+
+// concatBackward splits dy into the inputs' gradients.
+func (e *Executor) concatBackward(r *run, nd *graph.Node, dy Tensor) error {
+	ts := make([]target, len(nd.Inputs))
+	dsts := make([]Tensor, len(nd.Inputs))
+	for k := range nd.Inputs {
+		t, err := e.inputTarget(r, nd, k, nil)
+		if err != nil {
+			return err
+		}
+		ts[k], dsts[k] = t, t.dst
+	}
+	if err := e.b.Split(dy, dsts...); err != nil {
+		return err
+	}
+	return finishAll(ts...)
+}
+
+// groupBackward runs a DenseNet group's whole backward at its convolution's
+// step: it rebuilds the concatenation and the ABN output in the shared
+// buffers, with the batch statistics the forward pass saved (no running
+// update), then runs the convolution's, the ABN's and the concatenation's
+// backward. The ABN and the concatenation have no other readers, so their
+// gradients are complete by then.
+func (e *Executor) groupBackward(r *run, gr *group) error {
+	b := e.b
+	catN, abnN, convN := e.g.Nodes[gr.cat], e.g.Nodes[gr.abn], e.g.Nodes[gr.conv]
+	catV, abnV := r.vals[gr.cat], r.vals[gr.abn]
+	if err := b.Concat(catV, e.inputs(r, catN)...); err != nil {
+		return fmt.Errorf("recomputing %s: %w", catN.Name, err)
+	}
+	if err := e.normalize(r, gr.abn, abnN, abnV, catV, false); err != nil {
+		return fmt.Errorf("recomputing %s: %w", abnN.Name, err)
+	}
+	dy := r.grads[gr.conv]
+	tx, err := e.inputTarget(r, convN, 0, nil)
+	if err != nil {
+		return err
+	}
+	tw, err := e.paramTarget(r, convN, graph.RoleWeight)
+	if err != nil {
+		return err
+	}
+	tb, err := e.paramTarget(r, convN, graph.RoleBias)
+	if err != nil {
+		return err
+	}
+	if err := b.Conv2dBackward(tx.dst, tw.dst, tb.dst, dy.t, abnV, e.param(convN, graph.RoleWeight), convParams(convN)); err != nil {
+		return err
+	}
+	if err := finishAll(tx, tw, tb); err != nil {
+		return err
+	}
+	dz := r.grads[gr.abn]
+	if err := e.normBackward(r, gr.abn, abnN, &dz, catV, abnV); err != nil {
+		return fmt.Errorf("node %s: %w", abnN.Name, err)
+	}
+	e.dropGrad(r, gr.abn)
+	if err := e.concatBackward(r, catN, r.grads[gr.cat].t); err != nil {
+		return fmt.Errorf("node %s: %w", catN.Name, err)
+	}
+	e.dropGrad(r, gr.cat)
+	return nil
+}

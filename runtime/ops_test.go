@@ -1,0 +1,155 @@
+package runtime
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/abnconvert/abnconvert/graph"
+)
+
+// opCase is one case of testdata/ops.json.gz.
+type opCase struct {
+	Name     string                `json:"name"`
+	Op       string                `json:"op"`
+	Attr     graph.Attr            `json:"attr"`
+	Graph    string                `json:"graph"`
+	Training bool                  `json:"training"`
+	Sign     []int8                `json:"sign"`
+	Input    tensorJSON            `json:"input"`
+	Dout     []float64             `json:"dout"`
+	Output   tensorJSON            `json:"output"`
+	Dx       []float64             `json:"dx"`
+	Params   map[string]tensorJSON `json:"params"`
+	Grads    map[string][]float64  `json:"grads"`
+	Running  map[string][]float64  `json:"running"`
+}
+
+type opGolden struct {
+	Torch string   `json:"torch"`
+	Seed  uint64   `json:"seed"`
+	Cases []opCase `json:"cases"`
+}
+
+// buildCase makes the case's graph (see fixtures/ops.py) and weights. The
+// op node is "op"; its parameters are "op.<role>".
+func buildCase(c opCase) (*graph.Graph, *graph.MemWeights) {
+	w := graph.NewMemWeights()
+	params := map[string]string{}
+	for role, tj := range c.Params {
+		key := role
+		if !strings.Contains(role, ".") {
+			key = "op." + role
+			params[role] = key
+		}
+		w.Put(key, tj.Shape, tj.Values)
+	}
+	g := graph.New(c.Name, c.Input.Shape[1])
+	x := g.Input
+	switch c.Graph {
+	case "conv":
+		ch := c.Input.Shape[1]
+		x = g.Add("pre", graph.OpConv, graph.Attr{KernelSize: [2]int{1, 1}, Stride: [2]int{1, 1}, Dilation: [2]int{1, 1},
+			Groups: 1, InChannels: ch, OutChannels: ch}, map[string]string{graph.RoleWeight: "pre.weight"}, x)
+	case "add", "concat":
+		act := g.Add("act", graph.OpLeakyReLU, graph.Attr{ActParam: 0.3}, nil, x)
+		if c.Graph == "add" {
+			g.Add("op", graph.OpAdd, c.Attr, nil, x, act)
+		} else {
+			g.Add("op", graph.OpConcat, c.Attr, nil, x, act, x)
+		}
+		return g, w
+	}
+	if len(params) == 0 {
+		params = nil
+	}
+	g.Add("op", graph.Op(c.Op), c.Attr, params, x)
+	g.Node("op").Sign = c.Sign
+	return g, w
+}
+
+// TestOpsAgainstTorch runs every op case of ops.json.gz (made by real
+// PyTorch autograd in float64) on the CPU backend: forward output, input
+// gradient, parameter gradients and running statistics. It also runs each
+// case on the shape-only backend, whose memory figures must equal the CPU
+// backend's.
+func TestOpsAgainstTorch(t *testing.T) {
+	var gold opGolden
+	readGolden(t, "ops.json.gz", &gold)
+	if len(gold.Cases) < 50 {
+		t.Fatalf("only %d cases in ops.json.gz", len(gold.Cases))
+	}
+	seen := map[string]bool{}
+	for _, c := range gold.Cases {
+		seen[c.Op] = true
+		t.Run(c.Name, func(t *testing.T) {
+			g, w := buildCase(c)
+			cpuMem := runCase(t, c, g, w, NewCPU(2), gold.Seed)
+			shapeMem := runCase(t, c, g, w, NewShapes(), gold.Seed)
+			cpuMem.Backend, shapeMem.Backend = "", ""
+			if !reflect.DeepEqual(cpuMem, shapeMem) {
+				t.Errorf("memory differs between backends:\ncpu    %+v\nshapes %+v", cpuMem, shapeMem)
+			}
+		})
+	}
+	for _, op := range []graph.Op{graph.OpConv, graph.OpBatchNorm, graph.OpReLU, graph.OpLeakyReLU, graph.OpELU,
+		graph.OpInPlaceABN, graph.OpInPlaceABNSync, graph.OpABN, graph.OpAdd, graph.OpConcat, graph.OpMaxPool,
+		graph.OpAvgPool, graph.OpAdaptiveAvgPool, graph.OpFlatten, graph.OpLinear, graph.OpDropout} {
+		if !seen[string(op)] {
+			t.Errorf("no golden case for %s", op)
+		}
+	}
+}
+
+func runCase(t *testing.T, c opCase, g *graph.Graph, w graph.Weights, b Backend, seed uint64) MemoryReport {
+	t.Helper()
+	e, err := New(g, w, b, Options{Seed: seed, GradInEval: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	out, err := e.Forward(&HostTensor{Shape: c.Input.Shape, Data: f32(c.Input.Values)}, c.Training)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !sameInts(out.Shape, c.Output.Shape) {
+		t.Fatalf("%s: output shape %v, torch %v", b.Name(), out.Shape, c.Output.Shape)
+	}
+	dx, grads, err := e.Backward(&HostTensor{Shape: out.Shape, Data: f32(c.Dout)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem := e.Memory()
+	if !b.Executes() {
+		return mem
+	}
+	const tol = 1e-4
+	check(t, "output", out.Data, c.Output.Values, tol)
+	check(t, "input gradient", dx.Data, c.Dx, tol)
+	for role, want := range c.Grads {
+		key := role
+		if !strings.Contains(role, ".") {
+			key = "op." + role
+		}
+		got, ok := grads[key]
+		if !ok {
+			t.Errorf("no gradient for %s", key)
+			continue
+		}
+		check(t, "gradient of "+key, got, want, tol)
+	}
+	if len(grads) != len(c.Grads) {
+		t.Errorf("%d parameter gradients, torch has %d", len(grads), len(c.Grads))
+	}
+	stats, err := e.RunningStats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for role, want := range c.Running {
+		check(t, "running "+role, stats["op."+role], want, 1e-5)
+	}
+	if st := b.Stats(); st.LiveBytes != mem.ParamBytes {
+		t.Errorf("after backward %d bytes live, want only the %d of parameters", st.LiveBytes, mem.ParamBytes)
+	}
+	return mem
+}

@@ -1,0 +1,593 @@
+// Package verify proves a conversion: it runs the original and the
+// converted network in abnconvert's own runtime, in eval mode and for one
+// training step, and compares outputs, running statistics and gradients,
+// mapped through the conversion's reparametrisation and sign folding.
+//
+// The converted checkpoint carries no structure of its own (its keys are the
+// original's), so the converted graph is rebuilt by recognising the original
+// and running the same rewrite pipeline with the same flags; the converted
+// weights are then read from the converted file. A conversion that wrote
+// anything else (a perturbed weight, BN weights copied without the
+// |weight| + eps reparametrisation) therefore fails.
+//
+// The conversion may approximate on purpose: --relu leaky replaces BN + ReLU
+// with leaky_relu, and channels with |gamma| < eps get scale eps. The
+// exactness checks compare against a reference that applies exactly those
+// declared approximations to the original; the approximations themselves
+// are reported as drift against the original, and fail only with Strict.
+package verify
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"strings"
+
+	"github.com/abnconvert/abnconvert/arch"
+	"github.com/abnconvert/abnconvert/graph"
+	"github.com/abnconvert/abnconvert/pth"
+	"github.com/abnconvert/abnconvert/rewrite"
+	"github.com/abnconvert/abnconvert/runtime"
+)
+
+// Options are verify's inputs, one per command-line flag.
+type Options struct {
+	Original, Converted string
+	// The conversion's flags: the converted file must be what they give.
+	Arch  string
+	ReLU  string
+	Slope float64
+	Sync  bool
+
+	Seed      uint64
+	Batch     int
+	Size      int
+	InputData string // .npy file of shape [N, C, H, W]; overrides Batch/Size
+
+	// Atol and Rtol bound eval-mode differences: |a-b| <= Atol + Rtol*max|ref|.
+	Atol, Rtol float64
+	// TrainFactor scales the reference's own float32 error into the limit
+	// of training-mode comparisons.
+	TrainFactor float64
+	Strict      bool
+	Device      string
+	Progress    io.Writer
+	// NewBackend makes a backend for the device; nil means the CPU.
+	NewBackend func() (runtime.Backend, error)
+}
+
+// trainFloor is the smallest limit of a training-mode comparison, relative
+// to the reference's largest magnitude.
+const trainFloor = 5e-3
+
+// Check is one comparison.
+type Check struct {
+	Name string `json:"name"`
+	// MaxAbs is the largest absolute difference; Scale the reference's
+	// largest magnitude; Rel = MaxAbs/Scale.
+	MaxAbs float64 `json:"max_abs"`
+	Scale  float64 `json:"scale"`
+	Rel    float64 `json:"rel"`
+	// Limit is the largest Rel that passes.
+	Limit float64 `json:"limit"`
+	Pass  bool    `json:"pass"`
+	Note  string  `json:"note,omitempty"`
+}
+
+// Drift describes how far the conversion's declared approximations move the
+// outputs away from the original network's (eval mode).
+type Drift struct {
+	Sites       int     `json:"approximated_sites"`
+	TinyGamma   int     `json:"tiny_gamma_channels"`
+	MaxAbs      float64 `json:"max_abs"`
+	Rel         float64 `json:"rel"`
+	Cosine      float64 `json:"cosine"`
+	Top1Agree   float64 `json:"top1_agreement"`
+	WithinLimit bool    `json:"within_limit"`
+}
+
+// Result is the verdict; it is also the JSON the CLI prints.
+type Result struct {
+	Original  string  `json:"original"`
+	Converted string  `json:"converted"`
+	Arch      string  `json:"arch"`
+	Device    string  `json:"device"`
+	Input     []int   `json:"input_shape"`
+	Seed      uint64  `json:"seed"`
+	Checks    []Check `json:"checks"`
+	Drift     *Drift  `json:"drift,omitempty"`
+	Strict    bool    `json:"strict"`
+	Preserved bool    `json:"preserved"`
+	// Failed names the failing checks, for a one-line verdict.
+	Failed []string `json:"failed,omitempty"`
+}
+
+func (o *Options) defaults() {
+	if o.Arch == "" {
+		o.Arch = "auto"
+	}
+	if o.ReLU == "" {
+		o.ReLU = "leaky"
+	}
+	if o.Slope == 0 {
+		o.Slope = 0.01
+	}
+	if o.Batch == 0 {
+		o.Batch = 2
+	}
+	if o.Size == 0 {
+		o.Size = 64
+	}
+	if o.Rtol == 0 {
+		o.Rtol = 1e-4
+	}
+	if o.Atol == 0 {
+		o.Atol = 1e-6
+	}
+	if o.TrainFactor == 0 {
+		o.TrainFactor = 10
+	}
+	if o.Device == "" {
+		o.Device = "cpu"
+	}
+}
+
+func (o *Options) progress(format string, args ...any) {
+	if o.Progress != nil {
+		fmt.Fprintf(o.Progress, "verify: "+format+"\n", args...)
+	}
+}
+
+// network is one side of the comparison.
+type network struct {
+	g  *graph.Graph
+	w  graph.Weights
+	ex *runtime.Executor
+}
+
+// Run verifies. An error means bad input (unreadable files, keys or shapes
+// that differ, flags the converted file was not made with would still give
+// a Result that fails); a Result with Preserved false means the outputs
+// differ.
+func Run(opt Options) (*Result, error) {
+	opt.defaults()
+	if opt.Batch < 1 || opt.Size < 1 {
+		return nil, fmt.Errorf("--batch %d, --size %d: both must be positive", opt.Batch, opt.Size)
+	}
+	newBackend := opt.NewBackend
+	if newBackend == nil {
+		newBackend = func() (runtime.Backend, error) { return runtime.NewCPU(0), nil }
+	}
+	open := func(path string) (*pth.Checkpoint, error) {
+		return pth.Open(path)
+	}
+	orig, err := open(opt.Original)
+	if err != nil {
+		return nil, err
+	}
+	defer orig.Close()
+	conv, err := open(opt.Converted)
+	if err != nil {
+		return nil, err
+	}
+	defer conv.Close()
+	if err := sameLayout(orig, conv, opt); err != nil {
+		return nil, err
+	}
+
+	// The converted structure: the rewrite re-run on a second, in-memory
+	// view of the original (SetValues never touches the file).
+	overlay, err := open(opt.Original)
+	if err != nil {
+		return nil, err
+	}
+	defer overlay.Close()
+	gConv, match, err := arch.Recognize(overlay, opt.Arch)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", opt.Original, err)
+	}
+	rep, err := rewrite.Run(gConv, overlay, rewrite.Options{ReLU: opt.ReLU, Slope: opt.Slope, Sync: opt.Sync})
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", opt.Original, err)
+	}
+
+	// The reference: the original with the declared approximations.
+	gRef, _, err := arch.Recognize(orig, opt.Arch)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", opt.Original, err)
+	}
+	refW := newOverlay(orig)
+	approx, tiny, err := applyApproximations(gRef, refW, rep, opt.Slope)
+	if err != nil {
+		return nil, err
+	}
+
+	x, err := input(opt)
+	if err != nil {
+		return nil, err
+	}
+	res := &Result{Original: opt.Original, Converted: opt.Converted, Arch: match.Arch, Device: opt.Device,
+		Input: x.Shape, Seed: opt.Seed, Strict: opt.Strict}
+
+	mk := func(g *graph.Graph, w graph.Weights, what string) (*network, error) {
+		b, err := newBackend()
+		if err != nil {
+			return nil, err
+		}
+		ex, err := runtime.New(g, w, b, runtime.Options{Seed: opt.Seed})
+		if err != nil {
+			return nil, fmt.Errorf("%s network: %w", what, err)
+		}
+		return &network{g: g, w: w, ex: ex}, nil
+	}
+	ref, err := mk(gRef, refW, "reference")
+	if err != nil {
+		return nil, err
+	}
+	defer ref.ex.Close()
+	cv, err := mk(gConv, conv, "converted")
+	if err != nil {
+		return nil, err
+	}
+	defer cv.ex.Close()
+
+	// 1. Eval outputs.
+	opt.progress("eval forward of the reference and the converted network (%v)", x.Shape)
+	yRef, err := ref.ex.Forward(x, false)
+	if err != nil {
+		return nil, fmt.Errorf("reference: %w", err)
+	}
+	yConv, err := cv.ex.Forward(x, false)
+	if err != nil {
+		return nil, fmt.Errorf("converted: %w", err)
+	}
+	res.add(compare("eval output", yConv.Data, yRef.Data, nil, evalLimit(opt, yRef.Data)))
+
+	// 2. Drift of the declared approximations against the original.
+	if approx > 0 || tiny > 0 {
+		opt.progress("eval forward of the original network (drift of %d approximated sites, %d tiny-gamma channels)", approx, tiny)
+		gOrig, _, err := arch.Recognize(orig, opt.Arch)
+		if err != nil {
+			return nil, err
+		}
+		o, err := mk(gOrig, orig, "original")
+		if err != nil {
+			return nil, err
+		}
+		yOrig, err := o.ex.Forward(x, false)
+		o.ex.Close()
+		if err != nil {
+			return nil, fmt.Errorf("original: %w", err)
+		}
+		d := drift(yConv.Data, yOrig.Data, yOrig.Shape)
+		d.Sites, d.TinyGamma = approx, tiny
+		d.WithinLimit = d.Rel <= evalLimit(opt, yOrig.Data)
+		res.Drift = &d
+		if opt.Strict && !d.WithinLimit {
+			res.add(Check{Name: "drift (--strict)", MaxAbs: d.MaxAbs, Rel: d.Rel, Limit: evalLimit(opt, yOrig.Data), Pass: false,
+				Note: fmt.Sprintf("%d sites approximated by the ReLU policy, %d tiny-gamma channels", approx, tiny)})
+		}
+	}
+
+	// 3. One training step, judged against the reference's own float32
+	// error: the change of the reference's results when its input moves by
+	// one float32 rounding (a measured conditioning of this network on
+	// this input, which is the scale its float32 arithmetic errs by).
+	opt.progress("training step of the reference (twice: the second on a rounding-perturbed input, to measure its float32 error)")
+	g := gradOut(opt.Seed, yRef.Shape)
+	tRef, err := trainStep(ref, x, g)
+	if err != nil {
+		return nil, fmt.Errorf("reference: %w", err)
+	}
+	ref2, err := mk(gRef, refW, "reference")
+	if err != nil {
+		return nil, err
+	}
+	tRef2, err := trainStep(ref2, perturb(x, opt.Seed), g)
+	ref2.ex.Close()
+	if err != nil {
+		return nil, fmt.Errorf("reference: %w", err)
+	}
+	opt.progress("training step of the converted network")
+	tConv, err := trainStep(cv, x, g)
+	if err != nil {
+		return nil, fmt.Errorf("converted: %w", err)
+	}
+	// A float32 training step through BN over few values per channel, and
+	// through ReLU masks that flip on rounding, is good to a few 1e-3 in
+	// gradients; the perturbation measures this network's own figure, the
+	// floor keeps a lucky small measurement from failing a sound result.
+	trainLimit := func(ref, ref2 []float32, sign func(int) float64) float64 {
+		own := compare("", ref2, ref, nil, 0).Rel
+		return math.Max(opt.TrainFactor*own, trainFloor)
+	}
+	res.add(compare("train output", tConv.y.Data, tRef.y.Data, nil, trainLimit(tRef.y.Data, tRef2.y.Data, nil)))
+	res.add(compare("input gradient", tConv.dx.Data, tRef.dx.Data, nil, trainLimit(tRef.dx.Data, tRef2.dx.Data, nil)))
+
+	flips := map[string]map[int]bool{}
+	for k, chans := range rep.Flips {
+		m := map[int]bool{}
+		for _, c := range chans {
+			m[c] = true
+		}
+		flips[k] = m
+	}
+	skip := tinyChannels(rep)
+	for _, k := range sortedKeys(tRef.grads) {
+		gc, ok := tConv.grads[k]
+		if !ok {
+			res.add(Check{Name: "gradient " + k, Note: "missing in the converted network"})
+			continue
+		}
+		shape, _ := orig.Shape(k)
+		m := channelMap(shape, flips[k], skip[k])
+		res.addGrad(compare("gradient "+k, gc, tRef.grads[k], m, trainLimit(tRef.grads[k], tRef2.grads[k], nil)))
+	}
+	for _, k := range sortedKeys(tRef.stats) {
+		if strings.HasSuffix(k, graph.RoleNumBatches) {
+			ok := len(tConv.stats[k]) == 1 && tConv.stats[k][0] == tRef.stats[k][0]
+			res.add(Check{Name: "running " + k, Pass: ok, Limit: 0, Note: fmt.Sprintf("%v vs %v", tConv.stats[k], tRef.stats[k])})
+			continue
+		}
+		shape, _ := orig.Shape(k)
+		var m []float64
+		if strings.HasSuffix(k, graph.RoleRunningMean) {
+			m = channelMap(shape, flips[k], nil)
+		}
+		res.addGrad(compare("running "+k, tConv.stats[k], tRef.stats[k], m, trainLimit(tRef.stats[k], tRef2.stats[k], nil)))
+	}
+
+	// 4. Eval again: the running statistics moved the same way.
+	opt.progress("eval forward after the training step")
+	yRef, err = ref.ex.Forward(x, false)
+	if err != nil {
+		return nil, fmt.Errorf("reference: %w", err)
+	}
+	yConv, err = cv.ex.Forward(x, false)
+	if err != nil {
+		return nil, fmt.Errorf("converted: %w", err)
+	}
+	res.add(compare("eval output after training step", yConv.Data, yRef.Data, nil, math.Max(evalLimit(opt, yRef.Data), trainLimit(tRef.y.Data, tRef2.y.Data, nil))))
+
+	res.Preserved = len(res.Failed) == 0
+	return res, nil
+}
+
+// gradChecksSummarised: gradient and running-stat checks are many; they are
+// kept in the result, but only failures are listed by name.
+func (r *Result) addGrad(c Check) { r.add(c) }
+
+func (r *Result) add(c Check) {
+	r.Checks = append(r.Checks, c)
+	if !c.Pass {
+		r.Failed = append(r.Failed, c.Name)
+	}
+}
+
+func evalLimit(opt Options, ref []float32) float64 {
+	scale := maxAbs(ref)
+	if scale == 0 {
+		return opt.Rtol
+	}
+	return opt.Rtol + opt.Atol/scale
+}
+
+type step struct {
+	y, dx *runtime.HostTensor
+	grads map[string][]float32
+	stats map[string][]float32
+}
+
+func trainStep(n *network, x, g *runtime.HostTensor) (*step, error) {
+	y, err := n.ex.Forward(x, true)
+	if err != nil {
+		return nil, err
+	}
+	dx, grads, err := n.ex.Backward(g)
+	if err != nil {
+		return nil, err
+	}
+	stats, err := n.ex.RunningStats()
+	if err != nil {
+		return nil, err
+	}
+	return &step{y: y, dx: dx, grads: grads, stats: stats}, nil
+}
+
+// compare returns the check of got against want; mult, when given, maps the
+// reference into the converted parametrisation element by element (+1, -1,
+// or 0 for elements not compared).
+func compare(name string, got, want []float32, mult []float64, limit float64) Check {
+	c := Check{Name: name, Limit: limit}
+	if len(got) != len(want) {
+		c.Note = fmt.Sprintf("%d values against %d", len(got), len(want))
+		return c
+	}
+	for i := range want {
+		m := 1.0
+		if mult != nil {
+			m = mult[i]
+			if m == 0 {
+				continue
+			}
+		}
+		w := m * float64(want[i])
+		d := math.Abs(float64(got[i]) - w)
+		if math.IsNaN(d) {
+			d = math.Inf(1)
+		}
+		c.MaxAbs = math.Max(c.MaxAbs, d)
+		c.Scale = math.Max(c.Scale, math.Abs(w))
+	}
+	switch {
+	case c.Scale > 0:
+		c.Rel = c.MaxAbs / c.Scale
+	case c.MaxAbs > 0:
+		c.Rel = math.Inf(1)
+	}
+	c.Pass = c.Rel <= limit
+	return c
+}
+
+func maxAbs(v []float32) float64 {
+	m := 0.0
+	for _, x := range v {
+		m = math.Max(m, math.Abs(float64(x)))
+	}
+	return m
+}
+
+// channelMap expands per-channel signs (and channels left out) of a tensor
+// whose dim 0 is the channel into a per-element multiplier.
+func channelMap(shape []int, flipped, skipped map[int]bool) []float64 {
+	if len(flipped) == 0 && len(skipped) == 0 {
+		return nil
+	}
+	n := graph.Numel(shape)
+	if len(shape) == 0 || shape[0] == 0 {
+		return nil
+	}
+	per := n / shape[0]
+	m := make([]float64, n)
+	for i := range m {
+		c := i / per
+		switch {
+		case skipped[c]:
+		case flipped[c]:
+			m[i] = -1
+		default:
+			m[i] = 1
+		}
+	}
+	return m
+}
+
+// tinyChannels lists, per BN weight key, the channels whose gradient the
+// converted network cannot reproduce: InPlace-ABN stores them as weight 0,
+// whose gradient sign(0)*... is zero by the layer's definition.
+func tinyChannels(rep *rewrite.Report) map[string]map[int]bool {
+	out := map[string]map[int]bool{}
+	for _, s := range rep.Sites {
+		if len(s.TinyGammaChannels) == 0 {
+			continue
+		}
+		m := map[int]bool{}
+		for _, c := range s.TinyGammaChannels {
+			m[c] = true
+		}
+		out[s.Node+"."+graph.RoleWeight] = m
+	}
+	return out
+}
+
+func drift(got, want []float32, shape []int) Drift {
+	d := Drift{}
+	var dot, ng, nw float64
+	for i := range want {
+		a, b := float64(got[i]), float64(want[i])
+		d.MaxAbs = math.Max(d.MaxAbs, math.Abs(a-b))
+		dot += a * b
+		ng += a * a
+		nw += b * b
+	}
+	if s := maxAbs(want); s > 0 {
+		d.Rel = d.MaxAbs / s
+	}
+	if ng > 0 && nw > 0 {
+		d.Cosine = dot / math.Sqrt(ng*nw)
+	}
+	if len(shape) == 2 && shape[0] > 0 {
+		n, k := shape[0], shape[1]
+		agree := 0
+		for i := 0; i < n; i++ {
+			if argmax(got[i*k:(i+1)*k]) == argmax(want[i*k:(i+1)*k]) {
+				agree++
+			}
+		}
+		d.Top1Agree = float64(agree) / float64(n)
+	}
+	return d
+}
+
+func argmax(v []float32) int {
+	best := 0
+	for i := range v {
+		if v[i] > v[best] {
+			best = i
+		}
+	}
+	return best
+}
+
+// input is the deterministic input: the .npy file, or N(0,1) values from
+// the seed.
+func input(opt Options) (*runtime.HostTensor, error) {
+	if opt.InputData != "" {
+		return ReadNPY(opt.InputData)
+	}
+	r := rand.New(rand.NewPCG(opt.Seed, 0x5eed))
+	x := runtime.NewHostTensor(opt.Batch, 3, opt.Size, opt.Size)
+	for i := range x.Data {
+		x.Data[i] = float32(r.NormFloat64())
+	}
+	return x, nil
+}
+
+func gradOut(seed uint64, shape []int) *runtime.HostTensor {
+	r := rand.New(rand.NewPCG(seed, 0x9a0d))
+	g := runtime.NewHostTensor(shape...)
+	for i := range g.Data {
+		g.Data[i] = float32(r.NormFloat64())
+	}
+	return g
+}
+
+// perturb moves every element of x by up to one float32 rounding.
+func perturb(x *runtime.HostTensor, seed uint64) *runtime.HostTensor {
+	r := rand.New(rand.NewPCG(seed, 0x0e77))
+	y := &runtime.HostTensor{Shape: x.Shape, Data: make([]float32, len(x.Data))}
+	for i, v := range x.Data {
+		y.Data[i] = v * float32(1+(2*r.Float64()-1)*math.Pow(2, -24))
+		if y.Data[i] == v {
+			if r.IntN(2) == 0 {
+				y.Data[i] = math.Nextafter32(v, float32(math.Inf(1)))
+			} else {
+				y.Data[i] = math.Nextafter32(v, float32(math.Inf(-1)))
+			}
+		}
+	}
+	return y
+}
+
+// sameLayout checks that the converted file holds the original's keys with
+// the original's shapes: a conversion never renames or reshapes.
+func sameLayout(orig, conv *pth.Checkpoint, opt Options) error {
+	ok, ck := orig.Keys(), conv.Keys()
+	if len(ok) != len(ck) {
+		return fmt.Errorf("%s: %d tensors in the state dict, %s has %d: not a conversion of it", opt.Converted, len(ck), opt.Original, len(ok))
+	}
+	for _, k := range ok {
+		s1, _ := orig.Shape(k)
+		s2, found := conv.Shape(k)
+		if !found {
+			return fmt.Errorf("%s: no tensor %q, which %s has: not a conversion of it", opt.Converted, k, opt.Original)
+		}
+		if fmt.Sprint(s1) != fmt.Sprint(s2) {
+			return fmt.Errorf("%s: %s has shape %v, %v in %s", opt.Converted, k, s2, s1, opt.Original)
+		}
+	}
+	return nil
+}
+
+func sortedKeys(m map[string][]float32) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sortStrings(keys)
+	return keys
+}
+
+var errNoNode = errors.New("no such node")
