@@ -42,6 +42,7 @@ pytest:
 
 interop: build
 	$(PYTHON) fixtures/interop.py --bin $(BIN)
+	$(PYTHON) fixtures/interop_graph.py --bin $(BIN)
 
 # The torchvision networks of the conversion issue (resnet50, densenet121,
 # resnext50_32x4d, wide_resnet50_2, vgg16_bn), generated on the fly.

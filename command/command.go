@@ -66,7 +66,8 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		Version: Version,
 		UsageText: "abnconvert --input model.pth --output model_abn.pth [--emit-module model_abn.py] [flags]\n" +
 			"abnconvert convert --input model.pth --output model_abn.pth [flags]\n" +
-			"abnconvert inspect model.pth",
+			"abnconvert inspect model.pth\n" +
+			"abnconvert revert --input model_abn.pth --output model_bn.pth [--report report.json]",
 		Description: `abnconvert reads a trained PyTorch checkpoint (zip or legacy .pth; a state dict,
 possibly nested under "state_dict"/"model" and prefixed by "module."), recognises the
 torchvision architecture from its keys and shapes, and rewrites every BatchNorm followed
@@ -74,6 +75,13 @@ by an activation (or by nothing, as before a residual add) into InPlace-ABN
 (Rota Bulo et al., CVPR 2018), which keeps one tensor per layer for the backward pass
 instead of two. DenseNet dense layers are marked for shared-buffer recomputation
 (Pleiss et al., 2017). Nothing in the checkpoint is executed.
+
+Other inputs: a .safetensors state dict (written back as .safetensors or .pth, and a
+.pth state dict as .safetensors); a whole pickled module (torch.save(model)) that is an
+nn.Sequential chain or a torchvision ResNet, DenseNet or VGG, written as its state dict;
+a state dict of any other network with --graph model.onnx, its export with
+training=torch.onnx.TrainingMode.PRESERVE; and ONNX itself (--onnx-ops). "abnconvert
+revert" turns an InPlace-ABN checkpoint back into plain BatchNorm.
 
 The conversion is exact except where you choose otherwise: InPlace-ABN scales by
 |weight| + eps, so the stored weight becomes |gamma| - eps, and negative gammas are made
@@ -117,7 +125,7 @@ Examples:
 				UsageText: "abnconvert inspect [--arch NAME] [--relu POLICY] [--json] IN\n" +
 					"abnconvert inspect --security [--json] IN",
 				Flags: []cli.Flag{
-					archFlag(), reluFlag(), slopeFlag(),
+					archFlag(), reluFlag(), slopeFlag(), graphFlag(),
 					&cli.BoolFlag{Name: "json", Usage: "print the inspection as JSON"},
 					&cli.BoolFlag{Name: "security", Usage: "only list the globals the checkpoint's pickle references and whether torch.load(weights_only=True) accepts each (works on files conversion refuses; exit 0 when all are accepted, 2 when some would be refused)"},
 				},
@@ -128,6 +136,7 @@ Examples:
 			},
 			verifyCommand(),
 			memoryCommand(),
+			revertCommand(), // revert.go
 		},
 	}
 	return app
@@ -141,17 +150,21 @@ func reluFlag() cli.Flag {
 	return &cli.StringFlag{Name: "relu", Value: "leaky", Usage: "BN + ReLU policy: leaky (InPlace-ABN leaky_relu(--slope); outputs change), abn (exact ABN relu, no in-place saving), error (refuse)"}
 }
 
+func graphFlag() cli.Flag {
+	return &cli.StringFlag{Name: "graph", Usage: "an ONNX export of the network (torch.onnx.export with training=torch.onnx.TrainingMode.PRESERVE) giving the structure of a state dict no recogniser knows; parameters are matched by name"}
+}
+
 func slopeFlag() cli.Flag {
 	return &cli.Float64Flag{Name: "slope", Value: 0.01, Usage: "leaky_relu slope used by --relu leaky"}
 }
 
 func convertFlags() []cli.Flag {
 	return []cli.Flag{
-		&cli.StringFlag{Name: "input", Aliases: []string{"i"}, Usage: "checkpoint to convert (.pth/.pt, zip or legacy format)"},
-		&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Usage: "converted checkpoint to write (zip format, loads with torch.load(weights_only=True))"},
+		&cli.StringFlag{Name: "input", Aliases: []string{"i"}, Usage: "checkpoint to convert (.pth/.pt zip or legacy, a whole pickled module, .safetensors, or .onnx)"},
+		&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Usage: "converted checkpoint to write: .pth (zip format, loads with torch.load(weights_only=True)), .safetensors, or .onnx for an ONNX input"},
 		&cli.StringFlag{Name: "emit-module", Usage: "also write a Python file defining `class Model` (inplace_abn layers) that loads the output strictly"},
 		&cli.StringFlag{Name: "report", Usage: "also write the per-site report as JSON to this file"},
-		archFlag(), reluFlag(), slopeFlag(),
+		archFlag(), reluFlag(), slopeFlag(), graphFlag(),
 		&cli.BoolFlag{Name: "sync", Usage: "use InPlaceABNSync (batch statistics across torch.distributed ranks)"},
 		&cli.BoolFlag{Name: "force", Aliases: []string{"f"}, Usage: "overwrite existing output files"},
 		&cli.BoolFlag{Name: "fsync", Usage: "flush outputs to disk before renaming them into place (durable against power loss; a failed run never leaves partial output either way)"},
@@ -186,6 +199,7 @@ func convertAction(c *cli.Context) error {
 		Force:      c.Bool("force"),
 		Fsync:      c.Bool("fsync"),
 		ONNXOps:    c.String("onnx-ops"),
+		Graph:      c.String("graph"),
 		DumpAfter:  c.String("dump-after"),
 		Command:    strings.Join(os.Args, " "),
 	}
@@ -246,7 +260,7 @@ func inspectAction(c *cli.Context) error {
 		return securityAction(c, c.Args().First())
 	}
 	ins, err := convert.Inspect(c.Args().First(), convert.Options{
-		Arch: c.String("arch"), ReLU: c.String("relu"), Slope: c.Float64("slope"),
+		Arch: c.String("arch"), ReLU: c.String("relu"), Slope: c.Float64("slope"), Graph: c.String("graph"),
 	})
 	if err != nil {
 		return cli.Exit(oneLine(err.Error()), ExitBadInput)

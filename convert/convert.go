@@ -35,6 +35,7 @@ type Options struct {
 	Force      bool
 	Fsync      bool   // flush outputs to disk before renaming them into place
 	ONNXOps    string // ONNX output: custom (default), standard, fold
+	Graph      string // optional ONNX export giving a state dict's structure (--graph)
 	DumpAfter  string
 	Dump       io.Writer
 	Progress   io.Writer // nil: silent
@@ -55,8 +56,11 @@ type Result struct {
 	Notes     []string        `json:"arch_notes,omitempty"`
 	Options   ReportOptions   `json:"options"`
 	Report    *rewrite.Report `json:"report"`
-	Warnings  []string        `json:"warnings"`
-	Seconds   float64         `json:"seconds"`
+	// BNEps is each BN-family node's eps, which revert needs to undo
+	// weight = |gamma| - eps exactly (see revert.go).
+	BNEps    map[string]float64 `json:"bn_eps,omitempty"`
+	Warnings []string           `json:"warnings"`
+	Seconds  float64            `json:"seconds"`
 }
 
 // ReportOptions records the flags that shaped the result.
@@ -107,6 +111,9 @@ func Run(opt Options) (*Result, error) {
 	if err := checkPaths(opt); err != nil {
 		return nil, err
 	}
+	if opt.Graph != "" || isSafetensors(opt.Input) || isSafetensors(opt.Output) {
+		return runState(opt, start) // source.go
+	}
 	if isONNX(opt.Input) {
 		return runONNX(opt, start)
 	}
@@ -116,6 +123,10 @@ func Run(opt Options) (*Result, error) {
 	opt.progress("reading %s", opt.Input)
 	ck, err := pth.Open(opt.Input)
 	if err != nil {
+		var re *pth.RefusedError
+		if errors.As(err, &re) && pth.LooksLikeModule(re.Globals) {
+			return runState(opt, start) // a whole pickled module: source.go
+		}
 		return nil, err
 	}
 	defer ck.Close()
@@ -138,7 +149,7 @@ func Run(opt Options) (*Result, error) {
 		Format: string(ck.Format), StatePath: ck.StatePath, Prefix: ck.Prefix,
 		Arch: match.Arch, Family: match.Family, ExactArch: match.Exact, Notes: match.Notes,
 		Options: ReportOptions{ReLU: opt.ReLU, Slope: opt.Slope, Sync: opt.Sync},
-		Report:  rep,
+		Report:  rep, BNEps: bnEps(g),
 	}
 	res.Warnings = append(res.Warnings, rep.Warnings...)
 

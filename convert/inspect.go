@@ -1,6 +1,7 @@
 package convert
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -53,8 +54,15 @@ func Inspect(path string, opt Options) (*Inspection, error) {
 	if isONNX(path) {
 		return inspectONNX(path, st.Size(), opt)
 	}
+	if opt.Graph != "" || isSafetensors(path) {
+		return inspectState(path, st.Size(), opt) // source.go
+	}
 	ck, err := pth.Open(path)
 	if err != nil {
+		var re *pth.RefusedError
+		if errors.As(err, &re) && pth.LooksLikeModule(re.Globals) {
+			return inspectState(path, st.Size(), opt) // a whole pickled module
+		}
 		return nil, err
 	}
 	defer ck.Close()

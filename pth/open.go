@@ -523,18 +523,27 @@ func (c *Checkpoint) readRange(st *Storage, start, length int64) ([]byte, error)
 
 // readWhole reads a zip record whole and checks its CRC-32.
 func (c *Checkpoint) readWhole(st *Storage) ([]byte, error) {
-	rc, err := c.openRecord(st)
-	if err != nil {
-		return nil, fmt.Errorf("reading %s: %w", st.rec.name, err)
+	var buf []byte
+	if st.rec.zf == nil {
+		// A stored record was checked to lie inside the file.
+		buf = make([]byte, st.rec.size)
+		if _, err := c.f.ReadAt(buf, st.rec.offset); err != nil {
+			return nil, fmt.Errorf("reading %s: %w", st.rec.name, err)
+		}
+	} else {
+		rc, err := st.rec.zf.Open()
+		if err != nil {
+			return nil, fmt.Errorf("reading %s: %w", st.rec.name, err)
+		}
+		defer rc.Close()
+		// Grow as bytes arrive: a compressed record's declared size is
+		// not proof that the data is there.
+		var b bytes.Buffer
+		if _, err := b.ReadFrom(io.LimitReader(rc, st.rec.size)); err != nil {
+			return nil, fmt.Errorf("reading %s: %w", st.rec.name, recordError(err))
+		}
+		buf = b.Bytes()
 	}
-	defer rc.Close()
-	// Grow as bytes arrive: a compressed record's declared size is not
-	// proof that the data is there.
-	var b bytes.Buffer
-	if _, err := b.ReadFrom(io.LimitReader(rc, st.rec.size)); err != nil {
-		return nil, fmt.Errorf("reading %s: %w", st.rec.name, recordError(err))
-	}
-	buf := b.Bytes()
 	if int64(len(buf)) != st.rec.size {
 		return nil, fmt.Errorf("reading %s: the record ends after %d of its %d bytes", st.rec.name, len(buf), st.rec.size)
 	}

@@ -156,6 +156,12 @@ func Run(opt Options) (*Result, error) {
 	if opt.Batch < 1 || opt.Size < 1 {
 		return nil, fmt.Errorf("--batch %d, --size %d: both must be positive", opt.Batch, opt.Size)
 	}
+	if isONNXPath(opt.Original) || isONNXPath(opt.Converted) {
+		return runONNX(opt) // onnx.go
+	}
+	if err := stateDictsOnly(opt); err != nil {
+		return nil, err // onnx.go
+	}
 	newBackend := opt.NewBackend
 	if newBackend == nil {
 		newBackend = func() (runtime.Backend, error) { return runtime.NewCPU(0), nil }

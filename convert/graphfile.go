@@ -1,0 +1,218 @@
+package convert
+
+import (
+	"fmt"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/abnconvert/abnconvert/arch"
+	"github.com/abnconvert/abnconvert/graph"
+	"github.com/abnconvert/abnconvert/onnx"
+)
+
+// graphFromONNX takes a network's structure from its ONNX export and its
+// parameters from the state dict w: --graph model.onnx, for architectures no
+// recogniser knows. The export must keep BatchNormalization nodes
+// (training=torch.onnx.TrainingMode.PRESERVE; onnx.Read refuses an
+// eval-mode export and says how to re-export), and torch names initializers
+// after the parameters they export ("layer1.0.bn1.weight"), which is what
+// ties each node to its module: onnx.ModulePath. Every parameter the graph
+// reads must be in the state dict with the same shape, and every tensor of
+// the state dict must be read by the graph (num_batches_tracked aside,
+// which ONNX does not carry); the error lists each tensor that is missing,
+// extra or wrongly shaped.
+//
+// The IR keeps the ONNX reader's graph, with node names and parameter keys
+// turned into module paths and state-dict keys, so that the rewrite report,
+// the emitted module and the written checkpoint all speak the state dict's
+// names. Ops the IR does not model stay opaque: the conversion still runs
+// around them, but the Python module cannot be emitted.
+func graphFromONNX(path string, w graph.Weights) (*graph.Graph, *arch.Match, error) {
+	m, err := onnx.Read(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	g := m.Graph
+	stateKeys := w.Keys()
+	inState := map[string]bool{}
+	for _, k := range stateKeys {
+		inState[k] = true
+	}
+	prefix := statePrefix(g, inState, stateKeys)
+
+	var unnamed, missing, shapes []string
+	used := map[string]bool{}
+	newParams := map[*graph.Node]map[string]string{}
+	modPath := map[*graph.Node]string{}
+	for _, n := range g.Nodes {
+		if len(n.Params) == 0 {
+			continue
+		}
+		mp := onnx.ModulePath(n)
+		if mp == "" {
+			var keys []string
+			for _, k := range n.Params {
+				keys = append(keys, k)
+			}
+			sort.Strings(keys)
+			name, _, _ := m.Source(n)
+			unnamed = append(unnamed, fmt.Sprintf("%s (%s) reads %s", name, n.Op, strings.Join(keys, ", ")))
+			continue
+		}
+		mp = prefix + mp
+		modPath[n] = mp
+		params := map[string]string{}
+		for role, ok := range n.Params {
+			key := mp + "." + role
+			params[role] = key
+			if !inState[key] {
+				missing = append(missing, key)
+				continue
+			}
+			used[key] = true
+			want, _ := m.Weights.Shape(ok)
+			got, _ := w.Shape(key)
+			if graph.Numel(want) != graph.Numel(got) || !sameDims(want, got) {
+				shapes = append(shapes, fmt.Sprintf("%s %v (graph: %v)", key, got, want))
+			}
+		}
+		if n.Op.IsBNFamily() {
+			if k := mp + "." + graph.RoleNumBatches; inState[k] {
+				params[graph.RoleNumBatches] = k
+				used[k] = true
+			}
+		}
+		newParams[n] = params
+	}
+	var extra []string
+	for _, k := range stateKeys {
+		if !used[k] {
+			extra = append(extra, k)
+		}
+	}
+	if len(unnamed)+len(missing)+len(shapes)+len(extra) > 0 {
+		sort.Strings(missing)
+		sort.Strings(shapes)
+		var parts []string
+		if len(missing) > 0 {
+			parts = append(parts, fmt.Sprintf("%d tensor(s) the graph reads are missing from the state dict: %s", len(missing), summarize(missing, 8)))
+		}
+		if len(extra) > 0 {
+			parts = append(parts, fmt.Sprintf("%d tensor(s) of the state dict are not in the graph: %s", len(extra), summarize(extra, 8)))
+		}
+		if len(shapes) > 0 {
+			parts = append(parts, fmt.Sprintf("%d tensor(s) have another shape in the state dict: %s", len(shapes), summarize(shapes, 8)))
+		}
+		if len(unnamed) > 0 {
+			parts = append(parts, fmt.Sprintf("%d node(s) read parameters not named after a module (export with do_constant_folding=False so that torch keeps parameter names): %s", len(unnamed), summarize(unnamed, 4)))
+		}
+		return nil, nil, fmt.Errorf("the state dict does not match the graph of %s: %s", path, strings.Join(parts, "; "))
+	}
+	renameForState(g, m, modPath)
+	for n, p := range newParams {
+		n.Params = p
+	}
+	if err := g.Validate(); err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", path, err)
+	}
+	g.Arch = fmt.Sprintf("custom (structure from %s)", filepath.Base(path))
+	match := &arch.Match{Arch: g.Arch, Family: "graph", Prefix: prefix, Exact: true,
+		Notes: []string{fmt.Sprintf("structure from %s (opset %d), parameters matched by name", path, m.Opset)}}
+	if opaque := m.Opaque(); len(opaque) > 0 {
+		match.Notes = append(match.Notes, fmt.Sprintf("%d node(s) the IR does not model are kept as they are (no Python module can be emitted for them): %s", len(opaque), summarize(opaque, 6)))
+	}
+	return g, match, nil
+}
+
+// statePrefix is the key prefix the state dict adds to the graph's
+// parameter names ("module." from DataParallel), "" when none: the prefix
+// under which the first parameter of the graph is found.
+func statePrefix(g *graph.Graph, inState map[string]bool, keys []string) string {
+	for _, n := range g.Nodes {
+		mp := onnx.ModulePath(n)
+		if mp == "" {
+			continue
+		}
+		for role := range n.Params {
+			key := mp + "." + role
+			if inState[key] {
+				return ""
+			}
+			for _, k := range keys {
+				if p, ok := strings.CutSuffix(k, key); ok && strings.HasSuffix(p, ".") {
+					return p
+				}
+			}
+			return ""
+		}
+	}
+	return ""
+}
+
+// renameForState names each parameter node after its module path and
+// every other node after its ONNX scope ("/act/LeakyRelu" -> "act"), made
+// unique, so that reports and the emitted module speak module paths.
+func renameForState(g *graph.Graph, m *onnx.Model, modPath map[*graph.Node]string) {
+	taken := map[string]bool{"input": true}
+	for _, p := range modPath {
+		taken[p] = true
+	}
+	final := map[*graph.Node]string{}
+	for _, n := range g.Nodes {
+		if n.Op == graph.OpInput {
+			continue
+		}
+		if p, ok := modPath[n]; ok {
+			final[n] = p
+			continue
+		}
+		base := scopeName(n, m)
+		name := base
+		for i := 2; taken[name]; i++ {
+			name = fmt.Sprintf("%s_%d", base, i)
+		}
+		taken[name] = true
+		final[n] = name
+	}
+	// Through temporary names, so that no rename meets a name still held.
+	i := 0
+	for _, n := range g.Nodes {
+		if _, ok := final[n]; ok {
+			g.Rename(n, fmt.Sprintf("\x00%d", i))
+			i++
+		}
+	}
+	for _, n := range g.Nodes {
+		if name, ok := final[n]; ok {
+			g.Rename(n, name)
+		}
+	}
+}
+
+func scopeName(n *graph.Node, m *onnx.Model) string {
+	name, opType, ok := m.Source(n)
+	if !ok || name == "" {
+		return strings.ToLower(string(n.Op))
+	}
+	parts := strings.Split(strings.Trim(name, "/"), "/")
+	if len(parts) >= 2 {
+		return parts[len(parts)-2]
+	}
+	if opType != "" {
+		return strings.ToLower(opType)
+	}
+	return parts[0]
+}
+
+func sameDims(a, b []int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}

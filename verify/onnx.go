@@ -1,0 +1,426 @@
+package verify
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/abnconvert/abnconvert/graph"
+	"github.com/abnconvert/abnconvert/onnx"
+	"github.com/abnconvert/abnconvert/pth"
+	"github.com/abnconvert/abnconvert/rewrite"
+	"github.com/abnconvert/abnconvert/runtime"
+)
+
+// ONNX: verify runs an ONNX graph and its converted form, each as written,
+// in the runtime, and compares them; only ops the runtime models can run.
+//
+// The original is read as the converter reads it. The converted file is
+// read the same way, and then its ai.abnconvert nodes (which the reader
+// keeps opaque) become InPlaceABN, InPlaceABNSync or ABN nodes with the
+// attributes and parameters the file gives them (DOMAIN.md), and a Mul by
+// a +1/-1 constant before a BatchNormalization (how --onnx-ops standard
+// writes a sign flip) becomes that node's sign vector. Any other op the
+// runtime does not model, in either file, is refused by name.
+//
+// The reference is the original with the conversion's declared
+// approximations (found by re-running the rewrite on the original with the
+// flags given), exactly as for checkpoints. Compared: eval outputs, then,
+// unless the converted model was folded for inference (--onnx-ops fold,
+// which leaves fewer normalisation layers than the original has), the
+// output and input gradient of one training step and eval outputs after
+// it. Parameter gradients are not compared: the two files name their
+// parameters differently.
+func runONNX(opt Options) (*Result, error) {
+	if !isONNXPath(opt.Original) || !isONNXPath(opt.Converted) {
+		return nil, fmt.Errorf("%s, %s: an ONNX model is verified against an ONNX model; give both as .onnx", opt.Original, opt.Converted)
+	}
+	newBackend := opt.NewBackend
+	if newBackend == nil {
+		newBackend = func() (runtime.Backend, error) { return runtime.NewCPU(0), nil }
+	}
+	orig, err := readRunnable(opt.Original, false)
+	if err != nil {
+		return nil, err
+	}
+	conv, err := readRunnable(opt.Converted, true)
+	if err != nil {
+		return nil, err
+	}
+
+	// The conversion's report, from the same rewrite on a fresh read.
+	again, err := onnx.Read(opt.Original)
+	if err != nil {
+		return nil, err
+	}
+	rep, err := rewrite.Run(again.Graph, again.Weights, rewrite.Options{ReLU: opt.ReLU, Slope: opt.Slope, Sync: opt.Sync})
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", opt.Original, err)
+	}
+	gRef := orig.Graph
+	refW := newOverlay(orig.Weights)
+	approx, tiny, err := applyApproximations(gRef, refW, rep, opt.Slope)
+	if err != nil {
+		return nil, err
+	}
+
+	x, err := onnxInput(opt, orig)
+	if err != nil {
+		return nil, err
+	}
+	res := &Result{Original: opt.Original, Converted: opt.Converted, Arch: orig.Graph.Arch, Device: opt.Device,
+		Input: x.Shape, Seed: opt.Seed, Strict: opt.Strict}
+	mk := func(g *graph.Graph, w graph.Weights, what string) (*network, error) {
+		b, err := newBackend()
+		if err != nil {
+			return nil, err
+		}
+		ex, err := runtime.New(g, w, b, runtime.Options{Seed: opt.Seed})
+		if err != nil {
+			return nil, fmt.Errorf("%s network: %w", what, err)
+		}
+		return &network{g: g, w: w, ex: ex}, nil
+	}
+	ref, err := mk(gRef, refW, "reference")
+	if err != nil {
+		return nil, err
+	}
+	defer ref.ex.Close()
+	cv, err := mk(conv.Graph, conv.Weights, "converted")
+	if err != nil {
+		return nil, err
+	}
+	defer cv.ex.Close()
+
+	opt.progress("eval forward of the reference and the converted model (%v)", x.Shape)
+	yRef, err := ref.ex.Forward(x, false)
+	if err != nil {
+		return nil, fmt.Errorf("reference: %w", err)
+	}
+	yConv, err := cv.ex.Forward(x, false)
+	if err != nil {
+		return nil, fmt.Errorf("converted: %w", err)
+	}
+	res.add(compare("eval output", yConv.Data, yRef.Data, nil, evalLimit(opt, yRef.Data)))
+
+	if approx > 0 || tiny > 0 {
+		plain, err := readRunnable(opt.Original, false)
+		if err != nil {
+			return nil, err
+		}
+		o, err := mk(plain.Graph, plain.Weights, "original")
+		if err != nil {
+			return nil, err
+		}
+		yOrig, err := o.ex.Forward(x, false)
+		o.ex.Close()
+		if err != nil {
+			return nil, fmt.Errorf("original: %w", err)
+		}
+		d := drift(yConv.Data, yOrig.Data, yOrig.Shape)
+		d.Sites, d.TinyGamma = approx, tiny
+		d.WithinLimit = d.Rel <= evalLimit(opt, yOrig.Data)
+		res.Drift = &d
+		if opt.Strict && !d.WithinLimit {
+			res.add(Check{Name: "drift (--strict)", MaxAbs: d.MaxAbs, Rel: d.Rel, Limit: evalLimit(opt, yOrig.Data),
+				Note: fmt.Sprintf("%d sites approximated by the ReLU policy, %d tiny-gamma channels", approx, tiny)})
+		}
+	}
+
+	if norms(conv.Graph) < norms(gRef) {
+		res.Checks = append(res.Checks, Check{Name: "training step", Pass: true,
+			Note: fmt.Sprintf("skipped: %s has %d normalisation layers, the original %d (folded for inference)", filepath.Base(opt.Converted), norms(conv.Graph), norms(gRef))})
+		res.Preserved = len(res.Failed) == 0
+		return res, nil
+	}
+	opt.progress("training step of the reference (twice, to measure its float32 error) and of the converted model")
+	g := gradOut(opt.Seed, yRef.Shape)
+	tRef, err := trainStep(ref, x, g)
+	if err != nil {
+		return nil, fmt.Errorf("reference: %w", err)
+	}
+	ref2, err := mk(gRef, refW, "reference")
+	if err != nil {
+		return nil, err
+	}
+	tRef2, err := trainStep(ref2, perturb(x, opt.Seed), g)
+	ref2.ex.Close()
+	if err != nil {
+		return nil, fmt.Errorf("reference: %w", err)
+	}
+	tConv, err := trainStep(cv, x, g)
+	if err != nil {
+		return nil, fmt.Errorf("converted: %w", err)
+	}
+	trainLimit := func(a, b []float32) float64 {
+		return math.Max(opt.TrainFactor*compare("", b, a, nil, 0).Rel, trainFloor)
+	}
+	res.add(compare("train output", tConv.y.Data, tRef.y.Data, nil, trainLimit(tRef.y.Data, tRef2.y.Data)))
+	res.add(compare("input gradient", tConv.dx.Data, tRef.dx.Data, nil, trainLimit(tRef.dx.Data, tRef2.dx.Data)))
+	yRef, err = ref.ex.Forward(x, false)
+	if err != nil {
+		return nil, fmt.Errorf("reference: %w", err)
+	}
+	yConv, err = cv.ex.Forward(x, false)
+	if err != nil {
+		return nil, fmt.Errorf("converted: %w", err)
+	}
+	res.add(compare("eval output after training step", yConv.Data, yRef.Data, nil,
+		math.Max(evalLimit(opt, yRef.Data), trainLimit(tRef.y.Data, tRef2.y.Data))))
+	res.Preserved = len(res.Failed) == 0
+	return res, nil
+}
+
+func isONNXPath(p string) bool { return strings.EqualFold(filepath.Ext(p), ".onnx") }
+
+func norms(g *graph.Graph) int {
+	n := 0
+	for _, nd := range g.Nodes {
+		if nd.Op.IsBNFamily() {
+			n++
+		}
+	}
+	return n
+}
+
+// runnable refuses a graph with ops the runtime does not model.
+func runnable(m *onnx.Model, path string) error {
+	count := map[string]int{}
+	var ops []string
+	for _, n := range m.Graph.Nodes {
+		if !onnx.IsOpaque(n.Op) {
+			continue
+		}
+		op := strings.TrimPrefix(string(n.Op), onnx.OpaquePrefix)
+		if count[op] == 0 {
+			ops = append(ops, op)
+		}
+		count[op]++
+	}
+	if len(ops) == 0 {
+		return nil
+	}
+	sort.Strings(ops)
+	for i, op := range ops {
+		ops[i] = fmt.Sprintf("%s x%d", op, count[op])
+	}
+	return fmt.Errorf("%s: verify runs ONNX models in abnconvert's runtime, which models Conv, BatchNormalization, Relu, LeakyRelu, Elu, Add, Concat, MaxPool, AveragePool, GlobalAveragePool, Flatten, Gemm, Dropout and the ai.abnconvert ops; this model also has %s, which it cannot run",
+		path, strings.Join(ops, ", "))
+}
+
+const customPrefix = onnx.OpaquePrefix + onnx.Domain + "."
+
+// readRunnable reads an ONNX model and lowers what it can into ops the
+// runtime runs; it refuses a model with anything else. A converted model
+// may be folded for inference (no BatchNormalization left), which the
+// reader otherwise refuses as an eval-mode export.
+func readRunnable(path string, converted bool) (*onnx.Model, error) {
+	m, err := onnx.ReadWith(path, onnx.ReadOptions{AllowEvalExport: converted})
+	if err != nil {
+		return nil, err
+	}
+	if err := lower(m, path); err != nil {
+		return nil, err
+	}
+	if err := runnable(m, path); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// lower turns the ai.abnconvert nodes of a converted file into IR nodes,
+// a sign-flip Mul into its BatchNormalization's sign vector, and a Pad of
+// zeros (torch exports one before every AveragePool with
+// count_include_pad=True) into nothing.
+func lower(m *onnx.Model, path string) error {
+	var pm *protoModel
+	g := m.Graph
+	for _, n := range append([]*graph.Node(nil), g.Nodes...) {
+		op := string(n.Op)
+		if !strings.HasPrefix(op, customPrefix) && op != onnx.OpaquePrefix+"Mul" && op != onnx.OpaquePrefix+"Pad" {
+			continue
+		}
+		if pm == nil {
+			var err error
+			if pm, err = readProtoModel(path); err != nil {
+				return err
+			}
+		}
+		name, _, _ := m.Source(n)
+		pn := pm.nodes[name]
+		if pn == nil {
+			if strings.HasPrefix(op, customPrefix) {
+				return fmt.Errorf("%s: node %q (%s): its name is empty or not unique, so its attributes cannot be found", path, name, op)
+			}
+			continue
+		}
+		if strings.HasPrefix(op, customPrefix) {
+			if err := lowerABN(m, n, pn); err != nil {
+				return fmt.Errorf("%s: node %q: %w", path, name, err)
+			}
+			continue
+		}
+		if op == onnx.OpaquePrefix+"Pad" {
+			lowerZeroPad(m, n, pn)
+			continue
+		}
+		if err := lowerSignMul(m, n, pn); err != nil {
+			return fmt.Errorf("%s: node %q: %w", path, name, err)
+		}
+	}
+	return g.Validate()
+}
+
+// lowerZeroPad removes a Pad whose pads are all zero: the identity.
+func lowerZeroPad(m *onnx.Model, n *graph.Node, pn *protoNode) {
+	if len(n.Inputs) != 1 || len(pn.inputs) < 2 || pn.inputs[1] == "" {
+		return
+	}
+	if mode, ok := pn.strs["mode"]; ok && mode != "constant" {
+		return
+	}
+	pads, err := m.Weights.Values(pn.inputs[1])
+	if err != nil {
+		return
+	}
+	for _, p := range pads {
+		if p != 0 {
+			return
+		}
+	}
+	m.Graph.ReplaceUses(n.Out, n.Inputs[0])
+	m.Graph.Remove(n)
+}
+
+func lowerABN(m *onnx.Model, n *graph.Node, pn *protoNode) error {
+	op := graph.Op(pn.opType)
+	switch op {
+	case graph.OpInPlaceABN, graph.OpInPlaceABNSync, graph.OpABN:
+	default:
+		return fmt.Errorf("unknown op %s.%s", pn.domain, pn.opType)
+	}
+	if len(pn.inputs) != 5 || len(n.Inputs) != 1 {
+		return fmt.Errorf("%s with %d inputs, want X, weight, bias, running_mean, running_var", op, len(pn.inputs))
+	}
+	params := map[string]string{}
+	for i, role := range []string{graph.RoleWeight, graph.RoleBias, graph.RoleRunningMean, graph.RoleRunningVar} {
+		key := pn.inputs[i+1]
+		if _, ok := m.Weights.Shape(key); !ok {
+			return fmt.Errorf("%s %q is not a constant of the model", role, key)
+		}
+		params[role] = key
+	}
+	shape, _ := m.Weights.Shape(params[graph.RoleWeight])
+	if len(shape) != 1 {
+		return fmt.Errorf("weight has shape %v", shape)
+	}
+	eps, ok := pn.floats["epsilon"]
+	if !ok {
+		return fmt.Errorf("no epsilon attribute")
+	}
+	a := graph.Attr{Features: shape[0], Eps: decimal(eps), Activation: pn.strs["activation"], ActParam: decimal(pn.floats["activation_param"])}
+	if mo, ok := pn.floats["momentum"]; ok {
+		a.Momentum = decimal(mo)
+	} else {
+		a.MomentumNone = true
+	}
+	switch a.Activation {
+	case graph.ActReLU, graph.ActLeakyReLU, graph.ActELU, graph.ActIdentity:
+	default:
+		return fmt.Errorf("activation %q", a.Activation)
+	}
+	var sign []int8
+	if s, ok := pn.ints["sign"]; ok {
+		if len(s) != shape[0] {
+			return fmt.Errorf("sign has %d entries for %d channels", len(s), shape[0])
+		}
+		sign = make([]int8, len(s))
+		for i, v := range s {
+			if v != 1 && v != -1 {
+				return fmt.Errorf("sign[%d] is %d", i, v)
+			}
+			sign[i] = int8(v)
+		}
+	}
+	n.Op, n.Attr, n.Params, n.Sign = op, a, params, sign
+	n.Out.Channels = shape[0]
+	return nil
+}
+
+// lowerSignMul folds Mul(x, sign) feeding one BatchNormalization into that
+// node's sign vector; other Muls stay opaque (and are refused later).
+func lowerSignMul(m *onnx.Model, n *graph.Node, pn *protoNode) error {
+	if len(pn.inputs) != 2 || len(n.Inputs) != 1 || len(n.Out.Consumers) != 1 {
+		return nil
+	}
+	bn := n.Out.Consumers[0]
+	if !bn.Op.IsBNFamily() || bn.Sign != nil {
+		return nil
+	}
+	v, err := m.Weights.Values(pn.inputs[1])
+	if err != nil || len(v) != bn.Attr.Features {
+		return nil
+	}
+	sign := make([]int8, len(v))
+	for i, s := range v {
+		if s != 1 && s != -1 {
+			return nil
+		}
+		sign[i] = int8(s)
+	}
+	bn.Sign = sign
+	m.Graph.ReplaceUses(n.Out, n.Inputs[0])
+	m.Graph.Remove(n)
+	return nil
+}
+
+// decimal is a float32 attribute as the shortest decimal that rounds to
+// it (0.1, not 0.10000000149011612), as the ONNX reader reads attributes.
+func decimal(f float32) float64 {
+	v, _ := strconv.ParseFloat(strconv.FormatFloat(float64(f), 'g', -1, 32), 64)
+	return v
+}
+
+// onnxInput is the input: the .npy file, else N(0,1) values of the shape
+// the model declares (its static spatial size, --size where symbolic).
+func onnxInput(opt Options, m *onnx.Model) (*runtime.HostTensor, error) {
+	if opt.InputData != "" {
+		return ReadNPY(opt.InputData)
+	}
+	ch := m.Graph.Input.Channels
+	if ch <= 0 {
+		ch = 3
+	}
+	h, w := opt.Size, opt.Size
+	if pm, err := readProtoModel(opt.Original); err == nil && len(pm.inputDim) == 4 {
+		if pm.inputDim[2] > 0 && pm.inputDim[3] > 0 {
+			h, w = int(pm.inputDim[2]), int(pm.inputDim[3])
+		}
+	}
+	x := runtime.NewHostTensor(opt.Batch, ch, h, w)
+	r := newRand(opt.Seed)
+	for i := range x.Data {
+		x.Data[i] = float32(r.NormFloat64())
+	}
+	return x, nil
+}
+
+func newRand(seed uint64) *rand.Rand { return rand.New(rand.NewPCG(seed, 0x5eed)) }
+
+// stateDictsOnly refuses, with what to do instead, the inputs Run does not
+// read: safetensors files and whole pickled modules.
+func stateDictsOnly(opt Options) error {
+	for _, p := range []string{opt.Original, opt.Converted} {
+		if strings.EqualFold(filepath.Ext(p), ".safetensors") {
+			return fmt.Errorf("%s: verify reads .pth state dicts and ONNX models, not safetensors; convert both sides to .pth (abnconvert convert) and verify those", p)
+		}
+		if globals, err := pth.Scan(p); err == nil && pth.LooksLikeModule(globals) {
+			return fmt.Errorf("%s: a whole pickled module; verify reads state dicts: verify torch.save(model.state_dict()) against the converted state dict", p)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,198 @@
+package verify
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/abnconvert/abnconvert/convert"
+	"github.com/abnconvert/abnconvert/onnx"
+	"github.com/abnconvert/abnconvert/runtime"
+)
+
+var onnxFixtures = map[string]string{
+	"custom":     filepath.Join("..", "fixtures", "testdata", "formats4", "custom.onnx"),
+	"tiny_dense": filepath.Join("..", "onnx", "testdata", "tiny_dense.onnx"),
+	"tiny_cnn":   filepath.Join("..", "onnx", "testdata", "tiny_cnn.onnx"),
+}
+
+func convertONNX(t *testing.T, in, ops, relu string) string {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), ops+"_"+relu+".onnx")
+	if _, err := convert.Run(convert.Options{Input: in, Output: out, ONNXOps: ops, ReLU: relu}); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestONNXPreserved: a custom network (LeakyReLU, ELU) and a DenseNet
+// (recompute groups, zero Pads before AveragePool), written with the custom
+// domain, with standard ops, and folded for inference, under both ReLU
+// policies, all verify.
+func TestONNXPreserved(t *testing.T) {
+	for _, name := range []string{"custom", "tiny_dense"} {
+		for _, ops := range []string{"custom", "standard", "fold"} {
+			for _, relu := range []string{"leaky", "abn"} {
+				t.Run(name+"/"+ops+"/"+relu, func(t *testing.T) {
+					in := onnxFixtures[name]
+					res, err := Run(Options{Original: in, Converted: convertONNX(t, in, ops, relu), ReLU: relu})
+					if err != nil {
+						t.Fatal(err)
+					}
+					if !res.Preserved {
+						t.Fatalf("not preserved: %v\n%+v", res.Failed, res.Checks)
+					}
+					want := 4
+					if ops == "fold" {
+						want = 2 // eval output, and the training step's skip note
+					}
+					if len(res.Checks) != want {
+						t.Errorf("%d checks: %+v", len(res.Checks), res.Checks)
+					}
+					if name == "tiny_dense" && relu == "leaky" && (res.Drift == nil || res.Drift.Sites == 0) {
+						t.Error("no drift reported for the approximated ReLU sites")
+					}
+				})
+			}
+		}
+	}
+}
+
+// TestONNXCaught: conversions that do not compute what was promised fail.
+func TestONNXCaught(t *testing.T) {
+	// Converted exactly (ABN relu) but verified as if ReLU had become
+	// leaky_relu: the reference differs.
+	in := onnxFixtures["tiny_dense"]
+	res, err := Run(Options{Original: in, Converted: convertONNX(t, in, "custom", "abn"), ReLU: "leaky", Slope: 0.2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Preserved {
+		t.Error("an ABN conversion verified as a leaky one")
+	}
+	// One stored InPlace-ABN weight perturbed in the file.
+	in = onnxFixtures["custom"]
+	out := convertONNX(t, in, "custom", "leaky")
+	m, err := onnx.ReadWith(out, onnx.ReadOptions{AllowEvalExport: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := m.Weights.Values("bn_a.weight")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pat []byte
+	for _, v := range w[:4] {
+		pat = binary.LittleEndian.AppendUint32(pat, math.Float32bits(float32(v)))
+	}
+	b, _ := os.ReadFile(out)
+	at := bytes.Index(b, pat)
+	if at < 0 || bytes.Index(b[at+1:], pat) >= 0 {
+		t.Fatal("bn_a.weight's bytes are not found exactly once in the file")
+	}
+	binary.LittleEndian.PutUint32(b[at:], math.Float32bits(float32(w[0]*1.5)))
+	bad := filepath.Join(t.TempDir(), "bad.onnx")
+	os.WriteFile(bad, b, 0o644)
+	res, err = Run(Options{Original: in, Converted: bad})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Preserved || len(res.Failed) == 0 || res.Failed[0] != "eval output" {
+		t.Errorf("a perturbed weight verified: %+v", res)
+	}
+}
+
+// TestONNXRefused: models with ops the runtime does not model are refused
+// by name; an ONNX file is only verified against an ONNX file.
+func TestONNXRefused(t *testing.T) {
+	in := onnxFixtures["tiny_cnn"]
+	out := convertONNX(t, in, "custom", "leaky")
+	_, err := Run(Options{Original: in, Converted: out})
+	if err == nil || !strings.Contains(err.Error(), "Sigmoid x1") || !strings.Contains(err.Error(), "Mul x1") || !strings.Contains(err.Error(), "tiny_cnn.onnx") {
+		t.Errorf("opaque ops: %v", err)
+	}
+	_, err = Run(Options{Original: in, Converted: fixture("tiny_vgg")})
+	if err == nil || !strings.Contains(err.Error(), "give both as .onnx") {
+		t.Errorf("ONNX against .pth: %v", err)
+	}
+	_, err = Run(Options{Original: filepath.Join("..", "onnx", "testdata", "tiny_cnn_eval.onnx"), Converted: out})
+	if err == nil || !strings.Contains(err.Error(), "PRESERVE") {
+		t.Errorf("eval export as the original: %v", err)
+	}
+}
+
+// TestONNXLoweringAgainstTorch: the original tiny DenseNet, its zero Pads
+// lowered away, computes in the runtime what torch computed (golden).
+func TestONNXLoweringAgainstTorch(t *testing.T) {
+	var gold struct {
+		InputShape []int     `json:"input_shape"`
+		Input      []float32 `json:"input"`
+		Output     []float32 `json:"output"`
+	}
+	b, err := os.ReadFile(filepath.Join("..", "onnx", "testdata", "tiny_dense.golden.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &gold); err != nil {
+		t.Fatal(err)
+	}
+	m, err := readRunnable(onnxFixtures["tiny_dense"], false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ex, err := runtime.New(m.Graph, m.Weights, runtime.NewCPU(0), runtime.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ex.Close()
+	x := runtime.NewHostTensor(gold.InputShape...)
+	copy(x.Data, gold.Input)
+	y, err := ex.Forward(x, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := compare("torch", y.Data, gold.Output, nil, 1e-4); !c.Pass {
+		t.Errorf("runtime against torch: rel %.2e", c.Rel)
+	}
+}
+
+// TestProtoAttributes: the wire-format reader finds what the writer put on
+// a custom node (DOMAIN.md).
+func TestProtoAttributes(t *testing.T) {
+	out := convertONNX(t, onnxFixtures["tiny_dense"], "custom", "leaky")
+	pm, err := readProtoModel(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := pm.nodes["/features/denseblock1/denselayer1/norm1/BatchNormalization"]
+	if n == nil {
+		t.Fatalf("node not found among %d", len(pm.nodes))
+	}
+	if n.domain != onnx.Domain || n.opType != "InPlaceABN" || len(n.inputs) != 5 || n.strs["activation"] != "leaky_relu" ||
+		decimal(n.floats["activation_param"]) != 0.01 || decimal(n.floats["momentum"]) != 0.1 || n.strs["recompute_group"] == "" {
+		t.Errorf("node %+v", n)
+	}
+	if len(pm.inputDim) != 4 || pm.inputDim[1] != 3 {
+		t.Errorf("input dims %v", pm.inputDim)
+	}
+}
+
+// TestOtherFormatsRefused: verify says what to do with the inputs it does
+// not read.
+func TestOtherFormatsRefused(t *testing.T) {
+	f4 := filepath.Join("..", "fixtures", "testdata", "formats4")
+	for _, c := range []struct{ orig, want string }{
+		{filepath.Join(f4, "tiny_resnet_basic.safetensors"), "not safetensors"},
+		{filepath.Join(f4, "resnet_module.pth"), "a whole pickled module"},
+	} {
+		_, err := Run(Options{Original: c.orig, Converted: fixture("tiny_resnet_basic")})
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v", c.orig, err)
+		}
+	}
+}
