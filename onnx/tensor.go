@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/abnconvert/abnconvert/half"
 	"github.com/abnconvert/abnconvert/onnx/internal/pb"
 )
 
@@ -278,7 +279,7 @@ func (td *tensorData) values() ([]float64, error) {
 		}
 	case dtFloat16:
 		for i, v := range t.Int32Data[:td.numel] {
-			out[i] = float16ToFloat(uint16(v))
+			out[i] = half.Float16ToFloat(uint16(v))
 		}
 	case dtBfloat16:
 		for i, v := range t.Int32Data[:td.numel] {
@@ -324,7 +325,7 @@ func decodeRaw(dt int32, b []byte) float64 {
 	case dtUint32:
 		return float64(le.Uint32(b))
 	case dtFloat16:
-		return float16ToFloat(le.Uint16(b))
+		return half.Float16ToFloat(le.Uint16(b))
 	case dtBfloat16:
 		return float64(math.Float32frombits(uint32(le.Uint16(b)) << 16))
 	case dtInt16:
@@ -462,9 +463,9 @@ func encodeRaw(dt int32, b []byte, x float64) {
 	case dtUint32:
 		le.PutUint32(b, uint32(math.RoundToEven(x)))
 	case dtFloat16:
-		le.PutUint16(b, floatToFloat16(x))
+		le.PutUint16(b, half.Float16(x))
 	case dtBfloat16:
-		le.PutUint16(b, floatToBfloat16(x))
+		le.PutUint16(b, half.BFloat16(x))
 	case dtInt16:
 		le.PutUint16(b, uint16(int16(math.RoundToEven(x))))
 	case dtUint16:
@@ -479,76 +480,4 @@ func encodeRaw(dt int32, b []byte, x float64) {
 			b[0] = 1
 		}
 	}
-}
-
-func float16ToFloat(h uint16) float64 {
-	sign := 1.0
-	if h&0x8000 != 0 {
-		sign = -1
-	}
-	exp := int(h>>10) & 0x1f
-	mant := float64(h & 0x3ff)
-	switch exp {
-	case 0:
-		return sign * math.Ldexp(mant, -24)
-	case 0x1f:
-		if mant != 0 {
-			return math.NaN()
-		}
-		return math.Inf(int(sign))
-	}
-	return sign * math.Ldexp(1+mant/1024, exp-15)
-}
-
-// floatToFloat16 rounds x to the nearest IEEE half (ties to even), straight
-// from float64 so that no double rounding through float32 happens.
-func floatToFloat16(x float64) uint16 {
-	return uint16(roundToMini(x, 5, 10))
-}
-
-// floatToBfloat16 rounds x to the nearest bfloat16 (ties to even).
-func floatToBfloat16(x float64) uint16 {
-	return uint16(roundToMini(x, 8, 7))
-}
-
-// roundToMini encodes x in a binary floating-point format with expBits of
-// exponent and mantBits of mantissa (half: 5, 10; bfloat16: 8, 7), rounding
-// to nearest with ties to even, overflowing to infinity and keeping
-// subnormals.
-func roundToMini(x float64, expBits, mantBits uint) uint32 {
-	var sign uint32
-	if math.Signbit(x) {
-		sign = 1 << (expBits + mantBits)
-		x = -x
-	}
-	expMax := uint32(1)<<expBits - 1
-	if math.IsNaN(x) {
-		return sign | expMax<<mantBits | 1<<(mantBits-1)
-	}
-	if math.IsInf(x, 0) {
-		return sign | expMax<<mantBits
-	}
-	if x == 0 {
-		return sign
-	}
-	bias := int(1)<<(expBits-1) - 1
-	minNormal := 1 - bias
-	frac, e := math.Frexp(x) // x = frac * 2^e, frac in [0.5, 1)
-	e--                      // x = (2*frac) * 2^e, 2*frac in [1, 2)
-	if e < minNormal {
-		// Subnormal: a multiple of 2^(minNormal - mantBits). Scaling by a
-		// power of two is exact, so RoundToEven rounds once.
-		m := math.RoundToEven(math.Ldexp(x, int(mantBits)-minNormal))
-		return sign | uint32(m) // m == 2^mantBits is the smallest normal: same bits
-	}
-	m := math.RoundToEven((2*frac - 1) * float64(uint32(1)<<mantBits))
-	if m == float64(uint32(1)<<mantBits) {
-		m = 0
-		e++
-	}
-	biased := e + bias
-	if biased >= int(expMax) {
-		return sign | expMax<<mantBits
-	}
-	return sign | uint32(biased)<<mantBits | uint32(m)
 }

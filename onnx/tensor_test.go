@@ -5,6 +5,7 @@ import (
 	"math"
 	"testing"
 
+	"github.com/abnconvert/abnconvert/half"
 	"github.com/abnconvert/abnconvert/onnx/internal/pb"
 )
 
@@ -33,7 +34,7 @@ func TestFloat16Rounding(t *testing.T) {
 		{1 + math.Ldexp(1, -11) + 1e-9, 0x3c01},
 	}
 	for _, c := range cases {
-		if got := floatToFloat16(c.in); got != c.bits {
+		if got := half.Float16(c.in); got != c.bits {
 			t.Errorf("float16(%g) = %#04x, want %#04x", c.in, got, c.bits)
 		}
 	}
@@ -42,11 +43,11 @@ func TestFloat16Rounding(t *testing.T) {
 		if (h>>10)&0x1f == 0x1f {
 			continue
 		}
-		if got := floatToFloat16(float16ToFloat(uint16(h))); got != uint16(h) {
-			t.Fatalf("half %#04x: decoded %g, re-encoded %#04x", h, float16ToFloat(uint16(h)), got)
+		if got := half.Float16(half.Float16ToFloat(uint16(h))); got != uint16(h) {
+			t.Fatalf("half %#04x: decoded %g, re-encoded %#04x", h, half.Float16ToFloat(uint16(h)), got)
 		}
 	}
-	if !math.IsNaN(float16ToFloat(floatToFloat16(math.NaN()))) {
+	if !math.IsNaN(half.Float16ToFloat(half.Float16(math.NaN()))) {
 		t.Error("NaN did not survive")
 	}
 }
@@ -65,7 +66,7 @@ func TestBfloat16Rounding(t *testing.T) {
 		{math.Ldexp(1, -133), 0x0001},
 	}
 	for _, c := range cases {
-		if got := floatToBfloat16(c.in); got != c.bits {
+		if got := half.BFloat16(c.in); got != c.bits {
 			t.Errorf("bfloat16(%g) = %#04x, want %#04x", c.in, got, c.bits)
 		}
 	}
@@ -73,8 +74,8 @@ func TestBfloat16Rounding(t *testing.T) {
 	// rounding cannot interfere (values exactly representable in float32).
 	for _, f := range []float32{0.15625, -7.5, 1e-30, 3e38} {
 		want := uint16(math.Float32bits(f) >> 16)
-		if math.Float32bits(f)&0xffff == 0 && floatToBfloat16(float64(f)) != want {
-			t.Errorf("bfloat16(%g) = %#04x, want %#04x", f, floatToBfloat16(float64(f)), want)
+		if math.Float32bits(f)&0xffff == 0 && half.BFloat16(float64(f)) != want {
+			t.Errorf("bfloat16(%g) = %#04x, want %#04x", f, half.BFloat16(float64(f)), want)
 		}
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+
+	"github.com/abnconvert/abnconvert/half"
 )
 
 // DType is a tensor element type, spelled as torch spells it without the
@@ -85,7 +87,7 @@ func decode(d DType, b []byte, out []float64) error {
 		}
 	case Float16:
 		for i := range out {
-			out[i] = halfToFloat(le.Uint16(b[2*i:]))
+			out[i] = half.Float16ToFloat(le.Uint16(b[2*i:]))
 		}
 	case BFloat16:
 		for i := range out {
@@ -139,9 +141,9 @@ func encode(d DType, v []float64) ([]byte, error) {
 		case Float64:
 			le.PutUint64(b[8*i:], math.Float64bits(x))
 		case Float16:
-			le.PutUint16(b[2*i:], roundFloat(x, 5, 10))
+			le.PutUint16(b[2*i:], half.Float16(x))
 		case BFloat16:
-			le.PutUint16(b[2*i:], roundFloat(x, 8, 7))
+			le.PutUint16(b[2*i:], half.BFloat16(x))
 		case Int64, Int32, Int16, Int8, Uint8, Bool:
 			n, err := integral(d, x)
 			if err != nil {
@@ -185,77 +187,4 @@ func integral(d DType, x float64) (int64, error) {
 		return 0, fmt.Errorf("value %v does not fit dtype %s", x, d)
 	}
 	return int64(x), nil
-}
-
-// halfToFloat decodes an IEEE 754 binary16 value exactly.
-func halfToFloat(h uint16) float64 {
-	sign := 1.0
-	if h&0x8000 != 0 {
-		sign = -1
-	}
-	exp := int(h>>10) & 0x1f
-	mant := float64(h & 0x3ff)
-	switch exp {
-	case 0:
-		return sign * math.Ldexp(mant, -24)
-	case 0x1f:
-		if mant != 0 {
-			return math.NaN()
-		}
-		return sign * math.Inf(1)
-	}
-	return sign * math.Ldexp(1024+mant, exp-25)
-}
-
-// roundFloat rounds x directly from float64 to a binary format with expBits
-// exponent bits and mantBits stored mantissa bits (binary16: 5, 10;
-// bfloat16: 8, 7), to nearest with ties to even, overflowing to infinity and
-// keeping subnormals. Rounding straight from float64, rather than through
-// float32, avoids double rounding.
-func roundFloat(x float64, expBits, mantBits uint) uint16 {
-	bits := math.Float64bits(x)
-	sign := uint16(bits>>63) << (expBits + mantBits)
-	expAll := uint16(1)<<expBits - 1
-	if math.IsNaN(x) {
-		return sign | expAll<<mantBits | 1<<(mantBits-1)
-	}
-	if math.IsInf(x, 0) {
-		return sign | expAll<<mantBits
-	}
-	e64 := int((bits >> 52) & 0x7ff)
-	if e64 == 0 {
-		// Zero or a float64 subnormal: far below the smallest subnormal of
-		// either target format.
-		return sign
-	}
-	bias := 1<<(expBits-1) - 1
-	e := e64 - 1023
-	m := bits&(1<<52-1) | 1<<52 // 53-bit significand, value m * 2^(e-52)
-	shift := 52 - int(mantBits)
-	normal := e >= 1-bias
-	if !normal {
-		shift += 1 - bias - e
-	}
-	if shift > 54 {
-		return sign
-	}
-	q := m >> uint(shift)
-	rem := m & (1<<uint(shift) - 1)
-	half := uint64(1) << uint(shift-1)
-	if rem > half || (rem == half && q&1 == 1) {
-		q++
-	}
-	if !normal {
-		// q == 2^mantBits carries into the smallest normal, whose bit
-		// pattern is exactly q.
-		return sign | uint16(q)
-	}
-	if q == 1<<(mantBits+1) {
-		q >>= 1
-		e++
-	}
-	if e > bias {
-		return sign | expAll<<mantBits
-	}
-	return sign | uint16(e+bias)<<mantBits | uint16(q-1<<mantBits)
 }

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/abnconvert/abnconvert/half"
 )
 
 // TestRoundingMatchesTorch compares float16 and bfloat16 encoding with
@@ -26,14 +28,14 @@ func TestRoundingMatchesTorch(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, x := range r.Inputs {
-		if got := roundFloat(x, 5, 10); got != r.Float16[i] {
+		if got := half.Float16(x); got != r.Float16[i] {
 			t.Errorf("float16(%g) = %#04x, torch %#04x", x, got, r.Float16[i])
 		}
-		if got := roundFloat(x, 8, 7); got != r.BFloat16[i] {
+		if got := half.BFloat16(x); got != r.BFloat16[i] {
 			t.Errorf("bfloat16(%g) = %#04x, torch %#04x", x, got, r.BFloat16[i])
 		}
-		if h := halfToFloat(r.Float16[i]); !math.IsInf(h, 0) && math.Abs(h-x) > math.Abs(x)/1024+6e-8 {
-			t.Errorf("halfToFloat(%#04x) = %g, far from %g", r.Float16[i], h, x)
+		if h := half.Float16ToFloat(r.Float16[i]); !math.IsInf(h, 0) && math.Abs(h-x) > math.Abs(x)/1024+6e-8 {
+			t.Errorf("half.Float16ToFloat(%#04x) = %g, far from %g", r.Float16[i], h, x)
 		}
 	}
 }
@@ -62,14 +64,14 @@ func TestRoundingCases(t *testing.T) {
 		{1e-320, 0, 0},
 	}
 	for _, c := range cases {
-		if got := roundFloat(c.x, 5, 10); got != c.f16 {
+		if got := half.Float16(c.x); got != c.f16 {
 			t.Errorf("float16(%g) = %#04x, want %#04x", c.x, got, c.f16)
 		}
-		if got := roundFloat(c.x, 8, 7); got != c.b16 {
+		if got := half.BFloat16(c.x); got != c.b16 {
 			t.Errorf("bfloat16(%g) = %#04x, want %#04x", c.x, got, c.b16)
 		}
 	}
-	if !math.IsNaN(halfToFloat(roundFloat(math.NaN(), 5, 10))) {
+	if !math.IsNaN(half.Float16ToFloat(half.Float16(math.NaN()))) {
 		t.Errorf("NaN does not survive float16")
 	}
 }
