@@ -18,6 +18,7 @@ TARGETS=(
 	"./pth FuzzPickleInZip"
 	"./pth FuzzOpenWrite"
 	"./pth FuzzOpen"
+	"./pth FuzzOpenModule"
 	"./command FuzzConvert"
 )
 for t in "${TARGETS[@]}"; do

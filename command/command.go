@@ -218,7 +218,7 @@ func convertAction(c *cli.Context) error {
 	}
 	var ver *verify.Result
 	if c.Bool("verify") {
-		vopt := verify.Options{Original: opt.Input, Converted: opt.Output, Arch: opt.Arch, ReLU: opt.ReLU, Slope: opt.Slope, Sync: opt.Sync}
+		vopt := verify.Options{Original: opt.Input, Converted: opt.Output, Arch: opt.Arch, Graph: opt.Graph, ReLU: opt.ReLU, Slope: opt.Slope, Sync: opt.Sync}
 		if !c.Bool("quiet") {
 			vopt.Progress = c.App.ErrWriter
 		}

@@ -669,7 +669,7 @@ func FuzzConvert(f *testing.F) {
 // abnconvert) must die of the signal leaving no output and no temporary
 // file, and the input as it was.
 func TestInterruptedConvert(t *testing.T) {
-	if os.Getenv("ABNCONVERT_STALL_AT") != "" {
+	if os.Getenv("ABNCONVERT_TEST_STALL") != "" {
 		defer pth.InjectWriteFault(100000, nil)() // stall, never fail
 		args := strings.Split(os.Getenv("ABNCONVERT_ARGS"), "\n")
 		os.Exit(Main(append([]string{"abnconvert"}, args...), os.Stdout, os.Stderr))
@@ -684,7 +684,7 @@ func TestInterruptedConvert(t *testing.T) {
 	outDir := filepath.Join(root, "out")
 	os.Mkdir(outDir, 0o755)
 	cmd := exec.Command(os.Args[0], "-test.run=^TestInterruptedConvert$")
-	cmd.Env = append(os.Environ(), "ABNCONVERT_STALL_AT=1", "ABNCONVERT_ARGS="+strings.Join([]string{
+	cmd.Env = append(os.Environ(), "ABNCONVERT_TEST_STALL=1", "ABNCONVERT_ARGS="+strings.Join([]string{
 		"convert", "-i", in, "-o", filepath.Join(outDir, "out.pth"), "--emit-module", filepath.Join(outDir, "m.py"), "--quiet"}, "\n"))
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out

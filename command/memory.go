@@ -5,31 +5,46 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 
 	"github.com/urfave/cli/v2"
 
 	"github.com/abnconvert/abnconvert/memory"
+	"github.com/abnconvert/abnconvert/runtime"
 )
 
 func memoryCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "memory",
 		Usage: "measure the training memory of a checkpoint's network before and after conversion",
-		UsageText: "abnconvert memory [--batch N --size N] [--budget 16GiB] [--plot mem.svg] [--json] IN\n\n" +
+		UsageText: "abnconvert memory [--batch N --size N] [--budget 16GiB] [--plot mem.svg] [--json] IN\n" +
+			"   abnconvert memory --compare [--max-batch] [--budget 16GiB] [--plot cmp.svg] [--json] IN\n\n" +
 			"Runs one training step (forward and backward) of the original network and of its\n" +
 			"default conversion in abnconvert's runtime, on a backend that allocates through the\n" +
 			"runtime's allocator without computing, and reports the bytes kept for the backward\n" +
 			"pass at the end of the forward (saved_bytes: what PyTorch's saved-tensor hooks\n" +
-			"count; parameters excluded), the peak over forward and backward, and per technique.",
+			"count; parameters excluded), the peak over forward and backward, and per technique.\n\n" +
+			"--compare measures every memory technique and combination the same way, each by\n" +
+			"running the step under it: InPlace-ABN, shared DenseNet buffers, gradient\n" +
+			"checkpointing (one segment per block, or Chen et al.'s sqrt(n) segments), 16-bit\n" +
+			"activations as torch.autocast keeps them, and InPlace-ABN with each. Per row: saved\n" +
+			"and peak bytes, the saving, the extra compute (recomputed FLOPs over the step's), and\n" +
+			"whether outputs stay exact, with the drift from the baseline measured by running\n" +
+			"every row with real arithmetic on the CPU at a small size.",
 		Flags: []cli.Flag{
 			archFlag(), reluFlag(), slopeFlag(),
 			&cli.IntFlag{Name: "batch", Value: 8, Usage: "batch size"},
 			&cli.IntFlag{Name: "size", Value: 224, Usage: "input height and width"},
-			&cli.StringFlag{Name: "budget", Usage: "also find the largest batch whose peak fits this much memory (e.g. 16GiB, 500MB)"},
-			&cli.StringFlag{Name: "plot", Usage: "draw memory live per layer, before and after, to this .svg or .png file"},
-			&cli.BoolFlag{Name: "layers", Usage: "include the per-layer breakdown in --json output"},
+			&cli.StringFlag{Name: "budget", Usage: "also find the largest batch whose parameters and peak fit this much memory (e.g. 16GiB, 500MB)"},
+			&cli.BoolFlag{Name: "compare", Usage: "one row per memory technique and combination (see above)"},
+			&cli.BoolFlag{Name: "max-batch", Usage: "find each row's largest batch within --budget (16GiB when not given)"},
+			&cli.StringFlag{Name: "half", Value: "bfloat16", Usage: "16-bit format of the --compare half-precision rows: bfloat16 (what CPU autocast uses) or float16"},
+			&cli.BoolFlag{Name: "no-drift", Usage: "--compare: skip running every row with real arithmetic to measure its drift"},
+			&cli.IntFlag{Name: "drift-size", Usage: "--compare: input height and width of the drift step (default min(--size, 64), batch 2)"},
+			&cli.StringFlag{Name: "plot", Usage: "draw memory live per layer, before and after, to this .svg or .png file; with --compare, memory against batch size per row (and against depth for DenseNets), .svg"},
+			&cli.BoolFlag{Name: "layers", Usage: "include the per-layer breakdown (--compare: the checkpoint segments) in --json output"},
 			&cli.BoolFlag{Name: "json", Usage: "print the result as JSON"},
 			&cli.BoolFlag{Name: "force", Aliases: []string{"f"}, Usage: "overwrite an existing --plot file"},
 			&cli.BoolFlag{Name: "quiet", Aliases: []string{"q"}, Usage: "no progress lines"},
@@ -59,6 +74,8 @@ func memoryAction(c *cli.Context) error {
 			return cli.Exit(fmt.Sprintf("--budget %q: %v", s, err), ExitBadInput)
 		}
 		opt.Budget = b
+	} else if c.Bool("max-batch") {
+		opt.Budget = 16 << 30
 	}
 	plot := c.String("plot")
 	if plot != "" && !c.Bool("force") {
@@ -68,6 +85,9 @@ func memoryAction(c *cli.Context) error {
 	}
 	if !c.Bool("quiet") {
 		opt.Progress = c.App.ErrWriter
+	}
+	if c.Bool("compare") {
+		return compareAction(c, opt, plot)
 	}
 	res, err := memory.Run(opt)
 	if err != nil {
@@ -167,4 +187,107 @@ func dirOf(path string) string {
 		return path[:i+1]
 	}
 	return "."
+}
+
+// compareAction runs memory --compare.
+func compareAction(c *cli.Context, opt memory.Options, plot string) error {
+	switch h := strings.ToLower(c.String("half")); h {
+	case "bfloat16", "bf16":
+		opt.Half = runtime.BFloat16
+	case "float16", "fp16", "half":
+		opt.Half = runtime.Float16
+	default:
+		return cli.Exit(fmt.Sprintf("--half %q: want bfloat16 or float16", h), ExitBadInput)
+	}
+	if n := c.Int("drift-size"); n < 0 {
+		return cli.Exit("--drift-size must be positive", ExitBadInput)
+	} else {
+		opt.DriftSize = n
+	}
+	opt.NoDrift = c.Bool("no-drift")
+	opt.Curves = plot != ""
+	if plot != "" && !strings.EqualFold(filepath.Ext(plot), ".svg") {
+		return cli.Exit(plot+": --compare --plot writes .svg", ExitBadInput)
+	}
+	res, err := memory.Compare(opt)
+	if err != nil {
+		return cli.Exit(oneLine(err.Error()), ExitBadInput)
+	}
+	if plot != "" {
+		b, err := memory.PlotComparison(plot, res)
+		if err == nil {
+			err = writeAtomic(plot, b)
+		}
+		if err != nil {
+			return cli.Exit(oneLine(err.Error()), ExitBadInput)
+		}
+	}
+	if c.Bool("json") {
+		if !c.Bool("layers") {
+			res.Segments = nil
+		}
+		enc := json.NewEncoder(c.App.Writer)
+		enc.SetIndent("", "  ")
+		return enc.Encode(res)
+	}
+	writeComparison(c.App.Writer, res)
+	return nil
+}
+
+// writeComparison prints the table.
+func writeComparison(w io.Writer, r *memory.Comparison) {
+	fmt.Fprintf(w, "%s: %s, training step at batch %d, %dx%d (%s measurement), parameters %.1f MiB\n", r.Input, r.Arch, r.Batch, r.Size, r.Size, r.Backend, mibf(r.ParamBytes))
+	fmt.Fprintf(w, "%-52s %13s %13s %7s %8s", "technique", "saved for bwd", "peak", "saving", "extra")
+	if r.Budget > 0 {
+		fmt.Fprintf(w, " %9s", "max batch")
+	}
+	fmt.Fprintf(w, "  %s\n", "outputs")
+	for i, row := range r.Rows {
+		name := row.Name
+		if row.Segments > 0 {
+			name = fmt.Sprintf("%s (%d)", name, row.Segments)
+		}
+		fmt.Fprintf(w, "%-52s %9.1f MiB %9.1f MiB %6.1f%% %7.2f%%", name, mibf(row.SavedBytes), mibf(row.PeakBytes), 100*row.Saving, 100*row.ExtraCompute)
+		if r.Budget > 0 {
+			fmt.Fprintf(w, " %9d", row.MaxBatch)
+		}
+		if i == 0 {
+			fmt.Fprintf(w, "  reference\n")
+			continue
+		}
+		fmt.Fprintf(w, "  %s\n", outcome(row))
+	}
+	fmt.Fprintf(w, "saving: of the baseline's bytes kept for backward; extra: recomputed FLOPs over one step's forward and backward FLOPs;\n")
+	fmt.Fprintf(w, "(n): checkpoint segments. Half-precision rows keep activations, their gradients and the weight copies convolutions\n")
+	fmt.Fprintf(w, "compute with in %s, as torch.autocast does.\n", r.Half)
+	if d := r.DriftSetup; d != nil {
+		fmt.Fprintf(w, "drift: largest difference from the baseline's output and input gradient over their largest magnitude, one training\n")
+		fmt.Fprintf(w, "step with real arithmetic on the CPU at batch %d, %dx%d.\n", d.Batch, d.Size, d.Size)
+	}
+	if r.Budget > 0 {
+		fmt.Fprintf(w, "max batch: the largest batch whose parameters plus peak fit %.2f GiB, measured.\n", float64(r.Budget)/(1<<30))
+	}
+}
+
+// outcome says whether a row keeps the baseline's numbers, and by how much
+// it moves them.
+func outcome(r memory.Row) string {
+	var drift string
+	if d := r.Drift; d != nil {
+		if d.OutputMaxAbs == 0 && d.InputGradMaxAbs == 0 {
+			drift = "bitwise identical"
+		} else {
+			drift = fmt.Sprintf("drift: output %.1e, input grad %.1e", d.OutputMaxRel, d.InputGradMaxRel)
+		}
+	}
+	if r.Exact {
+		if drift == "" {
+			return "exact"
+		}
+		return "exact (" + drift + ")"
+	}
+	if drift == "" {
+		return r.Note
+	}
+	return r.Note + "; " + drift
 }

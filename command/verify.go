@@ -28,6 +28,7 @@ func verifyCommand() *cli.Command {
 			&cli.StringFlag{Name: "original", Usage: "the checkpoint before conversion"},
 			&cli.StringFlag{Name: "converted", Usage: "the checkpoint abnconvert wrote"},
 			archFlag(), reluFlag(), slopeFlag(),
+			&cli.StringFlag{Name: "graph", Usage: "the ONNX export the conversion took its structure from (--graph)"},
 			&cli.BoolFlag{Name: "sync", Usage: "the conversion used --sync"},
 			&cli.Uint64Flag{Name: "seed", Value: 0, Usage: "seed of the random input and output gradient"},
 			&cli.IntFlag{Name: "batch", Value: 2, Usage: "batch size of the random input"},
@@ -54,7 +55,7 @@ func verifyAction(c *cli.Context) error {
 	}
 	opt := verify.Options{
 		Original: c.String("original"), Converted: c.String("converted"),
-		Arch: c.String("arch"), ReLU: c.String("relu"), Slope: c.Float64("slope"), Sync: c.Bool("sync"),
+		Arch: c.String("arch"), Graph: c.String("graph"), ReLU: c.String("relu"), Slope: c.Float64("slope"), Sync: c.Bool("sync"),
 		Seed: c.Uint64("seed"), Batch: c.Int("batch"), Size: c.Int("size"), InputData: c.String("input-data"),
 		Atol: c.Float64("atol"), Rtol: c.Float64("rtol"), TrainFactor: c.Float64("train-factor"),
 		Strict: c.Bool("strict"), Device: c.String("device"),

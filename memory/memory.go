@@ -28,6 +28,26 @@ type Options struct {
 	Progress io.Writer
 	// NewBackend makes the measuring backend; nil means the shape-only one.
 	NewBackend func() runtime.Backend
+
+	// What Compare also reads.
+
+	// Source opens the state dict; nil opens Input.
+	Source Source
+	// Half is the 16-bit format of the half-precision rows: BFloat16 (the
+	// default, what CPU autocast uses) or Float16.
+	Half runtime.DType
+	// NoDrift skips the drift measurement (it needs the weights' values).
+	NoDrift bool
+	// DriftBatch and DriftSize are the input of the drift step: 2 and
+	// min(Size, 64) by default, small enough for the CPU.
+	DriftBatch, DriftSize int
+	// Seed draws the drift step's input, output gradient and dropout masks.
+	Seed uint64
+	// Curves measures every row against batch size (CurveBatches, default
+	// 2 to 64 in powers of two, and Batch) and, for DenseNets, against
+	// depth (DepthSeries): what PlotComparison draws.
+	Curves       bool
+	CurveBatches []int
 }
 
 // Figures are one variant's measurement.
@@ -37,6 +57,9 @@ type Figures struct {
 	ParamBytes int64                 `json:"param_bytes"`
 	MaxBatch   int                   `json:"max_batch,omitempty"`
 	Layers     []runtime.LayerMemory `json:"layers,omitempty"`
+	// Work and Segments are for Compare's rows.
+	Work     runtime.WorkReport `json:"-"`
+	Segments int                `json:"-"`
 }
 
 // Technique is one row of the per-technique table.
@@ -177,7 +200,8 @@ func measure(v variant, batch, size int, nb func() runtime.Backend) (Figures, st
 		return Figures{}, "", fmt.Errorf("%s: %w", v.name, err)
 	}
 	m := ex.Memory()
-	return Figures{SavedBytes: m.SavedBytes, PeakBytes: m.PeakBytes, ParamBytes: m.ParamBytes, Layers: m.Layers}, m.Backend, nil
+	return Figures{SavedBytes: m.SavedBytes, PeakBytes: m.PeakBytes, ParamBytes: m.ParamBytes, Layers: m.Layers,
+		Work: ex.Work(), Segments: len(ex.Segments())}, m.Backend, nil
 }
 
 // maxBatch finds the largest batch whose peak fits the budget: it measures

@@ -109,10 +109,10 @@ func FuzzScanPickle(f *testing.F) {
 	})
 }
 
-// fuzzBase holds the records of convbn_zip.pth, into which FuzzPickleInZip
-// puts its data.pkl.
-func fuzzBase(f *testing.F) []zrec {
-	b, err := os.ReadFile(filepath.Join("testdata", "convbn_zip.pth"))
+// fuzzBase holds the records of a checkpoint but its data.pkl, which the
+// fuzz targets supply (convbn_zip.pth for FuzzPickleInZip).
+func fuzzBase(f *testing.F, path string) []zrec {
+	b, err := os.ReadFile(path)
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -139,19 +139,96 @@ func fuzzBase(f *testing.F) []zrec {
 // write it out, and read the output back.
 func FuzzPickleInZip(f *testing.F) {
 	fuzzSeeds(f, true)
-	base := fuzzBase(f)
+	// Hand-written tensors over the base's storages: a view, a strided
+	// view, an expanded one, a Parameter, and an optimizer-like nesting.
+	view := pTensor("1", "FloatStorage", 2, 1, pints(1), pints(1))
+	f.Add(pickle2(pOrdered(pu("a.weight"), view, pu("a.bias"), pTensor("1", "FloatStorage", 2, 0, pints(2, 1), pints(1, 2)))))
+	f.Add(pickle2(pOrdered(pu("e"), pTensor("1", "FloatStorage", 2, 0, pints(5, 2), pints(0, 1)))))
+	f.Add(pickle2(pOrdered(pu("p"), "ctorch._utils\n_rebuild_parameter\n("+view+"\x88ccollections\nOrderedDict\n)RtR")))
+	f.Add(pickle2("}(" + pu("state_dict") + pOrdered(pu("m.w"), view) + pu("optimizer") + "}(" + pu("state") + "}" + pu("param_groups") + "](}(" + pu("params") + "]K\x00au" + "e" + "u" + "u"))
+	base := fuzzBase(f, filepath.Join("testdata", "convbn_zip.pth"))
 	dir := f.TempDir()
 	f.Fuzz(func(t *testing.T, pkl []byte) {
 		defer watchdog()()
-		recs := append([]zrec{{name: "archive/data.pkl", data: pkl}}, base...)
-		var buf bytes.Buffer
-		zw := zip.NewWriter(&buf)
-		for _, r := range recs {
-			w, _ := zw.CreateHeader(&zip.FileHeader{Name: r.name, Method: zip.Store})
-			w.Write(r.data)
+		roundTrip(t, dir, withPickle(base, pkl))
+	})
+}
+
+// withPickle is a zip checkpoint of base's records and data.pkl.
+func withPickle(base []zrec, pkl []byte) []byte {
+	recs := append([]zrec{{name: "archive/data.pkl", data: pkl}}, base...)
+	var buf bytes.Buffer
+	zw := zip.NewWriter(&buf)
+	for _, r := range recs {
+		w, _ := zw.CreateHeader(&zip.FileHeader{Name: r.name, Method: zip.Store})
+		w.Write(r.data)
+	}
+	zw.Close()
+	return buf.Bytes()
+}
+
+// FuzzOpenModule is FuzzPickleInZip for whole pickled modules: an arbitrary
+// data.pkl among the records of a pickled torchvision model goes through
+// OpenModule, and the state dict it builds must write and read back.
+func FuzzOpenModule(f *testing.F) {
+	mods, _ := filepath.Glob(filepath.Join("..", "fixtures", "testdata", "formats4", "*_module.pth"))
+	if len(mods) == 0 {
+		f.Skip("no whole-module fixtures")
+	}
+	for _, p := range mods {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			f.Fatal(err)
 		}
-		zw.Close()
-		roundTrip(t, dir, buf.Bytes())
+		f.Add(dataPkl(b))
+	}
+	var base []zrec
+	for _, p := range mods {
+		base = append(base, fuzzBase(f, p)...) // storage keys differ between models
+	}
+	// Keep the largest record of each name, so that every model's storages
+	// fit (records may be longer than their storage).
+	largest := map[string]int{}
+	var uniq []zrec
+	for _, r := range base {
+		i, ok := largest[r.name]
+		switch {
+		case !ok:
+			largest[r.name] = len(uniq)
+			uniq = append(uniq, r)
+		case len(r.data) > len(uniq[i].data):
+			uniq[i] = r
+		}
+	}
+	dir := f.TempDir()
+	f.Fuzz(func(t *testing.T, pkl []byte) {
+		defer watchdog()()
+		in := filepath.Join(dir, "in.pth")
+		if err := os.WriteFile(in, withPickle(uniq, pkl), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		c, _, err := OpenModule(in)
+		if errors.Is(err, errInternal) {
+			t.Fatal(err)
+		}
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		var out bytes.Buffer
+		if _, err := c.WriteTo(&out); err != nil {
+			return
+		}
+		outPath := filepath.Join(dir, "out.pth")
+		os.WriteFile(outPath, out.Bytes(), 0o644)
+		c2, err := Open(outPath)
+		if err != nil {
+			t.Fatalf("the state dict written from a module does not open: %v", err)
+		}
+		defer c2.Close()
+		if !reflect.DeepEqual(c2.Keys(), c.Keys()) {
+			t.Fatalf("keys %q became %q", c.Keys(), c2.Keys())
+		}
 	})
 }
 

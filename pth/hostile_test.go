@@ -610,3 +610,58 @@ func TestInterruptedWrite(t *testing.T) {
 		})
 	}
 }
+
+// pModule is an instance of an allowlisted module class built as
+// torch.save(model) pickles it: NEWOBJ, then BUILD with its __dict__.
+func pModule(class string, children ...string) string {
+	mod, name := class[:strings.LastIndexByte(class, '.')], class[strings.LastIndexByte(class, '.')+1:]
+	return "c" + mod + "\n" + name + "\n)\x81}(" +
+		pu("_parameters") + pOrdered() + pu("_buffers") + pOrdered() +
+		pu("_modules") + pOrdered(children...) + pu("training") + "\x88ub"
+}
+
+// TestModuleDAG: a whole pickled module whose children share one module
+// object at every level (30 names for the same child, 12 levels: 30^12
+// paths, 13 objects) must be refused quickly, not expanded path by path;
+// an attribute tuple that shares one tuple the same way must not be
+// expanded either.
+func TestModuleDAG(t *testing.T) {
+	body := pModule("torch.nn.modules.activation.ReLU") + "q\x01"
+	for lvl := 1; lvl <= 12; lvl++ {
+		var kids []string
+		for i := 0; i < 30; i++ {
+			kids = append(kids, pu(fmt.Sprintf("m%d", i)), "h"+string(byte(lvl)))
+		}
+		body += "0" + pModule("torch.nn.modules.container.Sequential", kids...) + "q" + string(byte(lvl+1))
+	}
+	modules := ckptZip(t, pickle2(body))
+	attr := "K\x01\x85q\x01"
+	for lvl := 1; lvl <= 7; lvl++ { // 30^7 leaves, within plainAttr's depth bound
+		attr += "0(" + strings.Repeat("h"+string(byte(lvl)), 30) + "tq" + string(byte(lvl+1))
+	}
+	attrs := ckptZip(t, pickle2(attr+"0"+"ctorch.nn.modules.activation\nReLU\n)\x81}("+pu("_parameters")+pOrdered()+pu("_buffers")+pOrdered()+
+		pu("_modules")+pOrdered()+pu("shape")+"h\x08ub"))
+	for name, data := range map[string][]byte{"shared children": modules, "shared attribute tuples": attrs} {
+		t.Run(name, func(t *testing.T) {
+			path := writeTemp(t, t.TempDir(), "m.pth", data)
+			done := make(chan error, 1)
+			go func() {
+				c, _, err := OpenModule(path)
+				if err == nil {
+					c.Close()
+				}
+				done <- err
+			}()
+			select {
+			case err := <-done:
+				// Huge shared attributes are dropped (the IR needs none);
+				// a huge module tree is refused.
+				if name == "shared children" && (err == nil || !strings.Contains(err.Error(), "more than 65536 modules")) {
+					t.Errorf("OpenModule: %v, want a refusal", err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("OpenModule did not finish in 10 s")
+			}
+		})
+	}
+}

@@ -208,7 +208,8 @@ func (c *Checkpoint) loadModule() (*Module, error) {
 	if !ok {
 		return nil, fmt.Errorf("%sdata.pkl holds a %T, not a module", a.prefix, raw)
 	}
-	m, err := buildModule(root, map[*modObject]bool{}, 0)
+	budget := maxModules
+	m, err := buildModule(root, map[*modObject]bool{}, 0, &budget)
 	if err != nil {
 		return nil, err
 	}
@@ -324,12 +325,23 @@ func (setClass) Call(args ...any) (any, error) {
 }
 
 // maxModuleDepth bounds module nesting (a hostile pickle could nest
-// without end).
-const maxModuleDepth = 200
+// without end). maxModules bounds the modules built in all: the pickle memo
+// lets one module object appear under many names at every level, and the
+// tree is built path by path, so without a bound a few hundred bytes could
+// describe 30^12 modules. maxAttrItems does the same for the items of one
+// attribute (tuples sharing tuples).
+const (
+	maxModuleDepth = 200
+	maxModules     = 1 << 16
+	maxAttrItems   = 1 << 12
+)
 
-func buildModule(o *modObject, busy map[*modObject]bool, depth int) (*Module, error) {
+func buildModule(o *modObject, busy map[*modObject]bool, depth int, budget *int) (*Module, error) {
 	if depth > maxModuleDepth {
 		return nil, fmt.Errorf("modules nested deeper than %d levels", maxModuleDepth)
+	}
+	if *budget--; *budget < 0 {
+		return nil, fmt.Errorf("the module tree has more than %d modules", maxModules)
 	}
 	if busy[o] {
 		return nil, fmt.Errorf("module %s contains itself", o.class)
@@ -371,7 +383,7 @@ func buildModule(o *modObject, busy map[*modObject]bool, depth int) (*Module, er
 					if !ok {
 						return nil, fmt.Errorf("%s: child %q is a %T, not a module", o.class, name, e.Value)
 					}
-					cm, err := buildModule(child, busy, depth+1)
+					cm, err := buildModule(child, busy, depth+1, budget)
 					if err != nil {
 						return nil, fmt.Errorf("%s: %w", name, err)
 					}
@@ -389,7 +401,8 @@ func buildModule(o *modObject, busy map[*modObject]bool, depth int) (*Module, er
 				}
 			}
 		default:
-			if a, ok := plainAttr(v, 0); ok {
+			items := maxAttrItems
+			if a, ok := plainAttr(v, 0, &items); ok {
 				m.Attrs[k] = a
 			}
 		}
@@ -414,9 +427,13 @@ func ordered(v any) ([]types.DictEntry, error) {
 }
 
 // plainAttr converts an attribute that is plain data; ok is false for
-// anything else (hook dicts, class references), which the IR never needs.
-func plainAttr(v any, depth int) (Value, bool) {
+// anything else (hook dicts, class references), which the IR never needs,
+// and for attributes of more than budget items.
+func plainAttr(v any, depth int, budget *int) (Value, bool) {
 	if depth > 8 {
+		return nil, false
+	}
+	if *budget--; *budget < 0 {
 		return nil, false
 	}
 	switch v := v.(type) {
@@ -432,7 +449,7 @@ func plainAttr(v any, depth int) (Value, bool) {
 	case *types.Tuple:
 		t := &Tuple{}
 		for _, it := range *v {
-			a, ok := plainAttr(it, depth+1)
+			a, ok := plainAttr(it, depth+1, budget)
 			if !ok {
 				return nil, false
 			}
@@ -442,7 +459,7 @@ func plainAttr(v any, depth int) (Value, bool) {
 	case *types.List:
 		l := &List{}
 		for _, it := range *v {
-			a, ok := plainAttr(it, depth+1)
+			a, ok := plainAttr(it, depth+1, budget)
 			if !ok {
 				return nil, false
 			}

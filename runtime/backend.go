@@ -11,19 +11,36 @@ const (
 	// Int64 holds max-pool argmax indices. PyTorch saves them as int64, so
 	// the runtime does too: the memory figures then compare byte for byte.
 	Int64
+	// BFloat16 and Float16 hold activations, their gradients and weight
+	// copies under Options.Half: 16-bit storage, as under torch.autocast.
+	// A computing backend may compute in float32 from them; values written
+	// to them are rounded to nearest, ties to even.
+	BFloat16
+	Float16
 )
 
 // Size is the byte size of one element.
 func (d DType) Size() int64 {
-	if d == Int64 {
+	switch d {
+	case Int64:
 		return 8
+	case BFloat16, Float16:
+		return 2
 	}
 	return 4
 }
 
+// Is16 reports whether d is one of the 16-bit float formats.
+func (d DType) Is16() bool { return d == BFloat16 || d == Float16 }
+
 func (d DType) String() string {
-	if d == Int64 {
+	switch d {
+	case Int64:
 		return "int64"
+	case BFloat16:
+		return "bfloat16"
+	case Float16:
+		return "float16"
 	}
 	return "float32"
 }

@@ -43,16 +43,38 @@ func (e *Executor) Backward(dOut *HostTensor) (*HostTensor, map[string][]float32
 			return nil, nil, e.fail(fmt.Errorf("runtime: output gradient: %w", err))
 		}
 	}
-	for i := p.n - 1; i >= 0; i-- {
+	for ev := p.n; ev < len(p.events); ev++ {
+		i := p.events[ev].node
 		nd := e.g.Nodes[i]
 		start := time.Now()
+		if err := e.allocStep(r, ev); err != nil {
+			return nil, nil, e.fail(fmt.Errorf("runtime: node %s: %w", nd.Name, err))
+		}
+		if p.events[ev].kind == evRecompute {
+			r.recomputed[i] = true
+			if err := e.bind(r, i); err != nil {
+				return nil, nil, e.fail(fmt.Errorf("runtime: recomputing node %s: %w", nd.Name, err))
+			}
+			if err := e.forward(r, i, nd, nil, true); err != nil {
+				return nil, nil, e.fail(fmt.Errorf("runtime: recomputing node %s (%s): %w", nd.Name, nd.Op, err))
+			}
+			e.work.RecomputeFLOPs += p.flops[i].fwd
+			if err := e.freeStep(r, ev); err != nil {
+				return nil, nil, e.fail(err)
+			}
+			if e.opt.Trace != nil {
+				e.opt.Trace("recompute", i, p.n, nd, time.Since(start))
+			}
+			continue
+		}
 		if r.grads[i].buf != nil && i > 0 {
 			if err := e.backward(r, i, nd); err != nil {
 				return nil, nil, e.fail(fmt.Errorf("runtime: backward of node %s (%s): %w", nd.Name, nd.Op, err))
 			}
 			e.dropGrad(r, i)
+			e.work.BackwardFLOPs += p.flops[i].bwd
 		}
-		if err := e.freeStep(r, p.bstep(i)); err != nil {
+		if err := e.freeStep(r, ev); err != nil {
 			return nil, nil, e.fail(err)
 		}
 		e.mem.Layers[i].BackwardLiveBytes = e.b.Stats().LiveBytes - e.base
@@ -87,9 +109,10 @@ func (e *Executor) Backward(dOut *HostTensor) (*HostTensor, map[string][]float32
 	return dx, grads, nil
 }
 
-// allocGrad allocates a gradient buffer.
+// allocGrad allocates the gradient buffer of a value, in the type of
+// activations.
 func (e *Executor) allocGrad(r *run, shape []int) (gref, error) {
-	t, err := e.b.Alloc(shape, Float32)
+	t, err := e.b.Alloc(shape, r.p.act)
 	if err != nil {
 		return gref{}, err
 	}
@@ -153,13 +176,13 @@ func (e *Executor) inputTarget(r *run, nd *graph.Node, k int, reuse *gref) (targ
 		r.grads[j] = g
 		return target{dst: g.t, finish: noFinish}, nil
 	}
-	return e.tempTarget(r, shape, func(tmp Tensor) error { return e.b.Accumulate(r.grads[j].t, tmp) })
+	return e.tempTarget(r, shape, r.p.act, func(tmp Tensor) error { return e.b.Accumulate(r.grads[j].t, tmp) })
 }
 
 // tempTarget allocates a temporary that finish folds in with add and frees.
 // The run tracks it until then, so that an error in between frees it too.
-func (e *Executor) tempTarget(r *run, shape []int, add func(Tensor) error) (target, error) {
-	tmp, err := e.b.Alloc(shape, Float32)
+func (e *Executor) tempTarget(r *run, shape []int, dt DType, add func(Tensor) error) (target, error) {
+	tmp, err := e.b.Alloc(shape, dt)
 	if err != nil {
 		return target{}, err
 	}
@@ -191,7 +214,7 @@ func (e *Executor) paramTarget(r *run, nd *graph.Node, role string) (target, err
 		r.pgrads[key] = t
 		return target{dst: t, finish: noFinish}, nil
 	}
-	return e.tempTarget(r, shape, func(tmp Tensor) error { return e.b.Accumulate(t, tmp) })
+	return e.tempTarget(r, shape, Float32, func(tmp Tensor) error { return e.b.Accumulate(t, tmp) })
 }
 
 func finishAll(ts ...target) error {
@@ -227,7 +250,11 @@ func (e *Executor) backward(r *run, i int, nd *graph.Node) error {
 		if err != nil {
 			return err
 		}
-		x, w := e.in(r, nd, 0), e.param(nd, graph.RoleWeight)
+		x := e.in(r, nd, 0)
+		w, err := e.weight(r, i, nd, false)
+		if err != nil {
+			return err
+		}
 		if nd.Op == graph.OpConv {
 			err = b.Conv2dBackward(tx.dst, tw.dst, tb.dst, dy.t, x, w, convParams(nd))
 		} else {
@@ -241,7 +268,7 @@ func (e *Executor) backward(r *run, i int, nd *graph.Node) error {
 		return e.normBackward(r, i, nd, &dy, e.in(r, nd, 0), r.vals[i])
 	case graph.OpReLU, graph.OpLeakyReLU, graph.OpELU:
 		act := actOf(nd)
-		fromOut := p.inPlace[i] || nd.Op == graph.OpReLU
+		fromOut := r.at(i).inPlace || nd.Op == graph.OpReLU
 		saved := e.in(r, nd, 0)
 		if fromOut {
 			saved = r.vals[i]
@@ -335,6 +362,9 @@ func (e *Executor) normBackward(r *run, i int, nd *graph.Node, dy *gref, x, y Te
 	}
 	np := normParams(nd)
 	if nd.Op == graph.OpInPlaceABN || nd.Op == graph.OpInPlaceABNSync {
+		// Inverting the activation and recovering xhat from z is work
+		// the plain layer does not do: one pass over the elements.
+		e.work.RecomputeFLOPs += int64(numel(r.p.shapes[i]))
 		err = b.NormalizeBackwardFromOutput(tx.dst, tw.dst, tb.dst, dy.t, y, e.signs[i], variance, w, bias, np, r.p.training)
 	} else {
 		if np.Act.Kind != ActIdentity {
@@ -371,13 +401,13 @@ func (e *Executor) concatBackward(r *run, nd *graph.Node, dy Tensor) error {
 }
 
 // groupBackward runs a DenseNet group's whole backward at its convolution's
-// step: it rebuilds the concatenation and the ABN output in the shared
-// buffers, with the batch statistics the forward pass saved (no running
-// update), then runs the convolution's, the ABN's and the concatenation's
-// backward. The ABN and the concatenation have no other readers, so their
-// gradients are complete by then.
+// step: it rebuilds the concatenation and the normalised (and activated)
+// output in the shared buffers, with the batch statistics the forward pass
+// saved (no running update), then runs the convolution's, the activation's,
+// the normalisation's and the concatenation's backward. None of these has
+// readers outside the group, so their gradients are complete by then.
 func (e *Executor) groupBackward(r *run, gr *group) error {
-	b := e.b
+	b, p := e.b, r.p
 	catN, abnN, convN := e.g.Nodes[gr.cat], e.g.Nodes[gr.abn], e.g.Nodes[gr.conv]
 	catV, abnV := r.vals[gr.cat], r.vals[gr.abn]
 	if err := b.Concat(catV, e.inputs(r, catN)...); err != nil {
@@ -385,6 +415,15 @@ func (e *Executor) groupBackward(r *run, gr *group) error {
 	}
 	if err := e.normalize(r, gr.abn, abnN, abnV, catV, false); err != nil {
 		return fmt.Errorf("recomputing %s: %w", abnN.Name, err)
+	}
+	e.work.RecomputeFLOPs += p.flops[gr.cat].fwd + p.flops[gr.abn].fwd
+	var actN *graph.Node
+	if gr.act >= 0 {
+		actN = e.g.Nodes[gr.act]
+		if err := b.Activation(abnV, abnV, actOf(actN)); err != nil {
+			return fmt.Errorf("recomputing %s: %w", actN.Name, err)
+		}
+		e.work.RecomputeFLOPs += p.flops[gr.act].fwd
 	}
 	dy := r.grads[gr.conv]
 	tx, err := e.inputTarget(r, convN, 0, nil)
@@ -399,11 +438,32 @@ func (e *Executor) groupBackward(r *run, gr *group) error {
 	if err != nil {
 		return err
 	}
-	if err := b.Conv2dBackward(tx.dst, tw.dst, tb.dst, dy.t, abnV, e.param(convN, graph.RoleWeight), convParams(convN)); err != nil {
+	w, err := e.weight(r, gr.conv, convN, false)
+	if err != nil {
+		return err
+	}
+	if err := b.Conv2dBackward(tx.dst, tw.dst, tb.dst, dy.t, abnV, w, convParams(convN)); err != nil {
 		return err
 	}
 	if err := finishAll(tx, tw, tb); err != nil {
 		return err
+	}
+	if actN != nil {
+		// The activation ran in place: its backward works from its
+		// output, and writes the BN output's gradient over its own.
+		da := r.grads[gr.act]
+		t, err := e.inputTarget(r, actN, 0, &da)
+		if err != nil {
+			return err
+		}
+		if err := b.ActivationBackward(t.dst, da.t, abnV, actOf(actN), true); err != nil {
+			return fmt.Errorf("node %s: %w", actN.Name, err)
+		}
+		if err := t.finish(); err != nil {
+			return err
+		}
+		e.dropGrad(r, gr.act)
+		e.work.BackwardFLOPs += p.flops[gr.act].bwd
 	}
 	dz := r.grads[gr.abn]
 	if err := e.normBackward(r, gr.abn, abnN, &dz, catV, abnV); err != nil {
@@ -414,5 +474,6 @@ func (e *Executor) groupBackward(r *run, gr *group) error {
 		return fmt.Errorf("node %s: %w", catN.Name, err)
 	}
 	e.dropGrad(r, gr.cat)
+	e.work.BackwardFLOPs += p.flops[gr.abn].bwd + p.flops[gr.cat].bwd
 	return nil
 }

@@ -40,6 +40,9 @@ type cpuTensor struct {
 	dt    DType
 	f     []float32
 	i     []int64
+	// h holds BFloat16 and Float16 data. Ops compute on a float32 copy
+	// (see floats) that is scratch space, like im2col buffers.
+	h     []uint16
 	root  *cpuTensor // nil for an allocation
 	freed bool
 }
@@ -57,6 +60,14 @@ func (c *cpu) Alloc(shape []int, dt DType) (Tensor, error) {
 	n := numel(shape)
 	t := &cpuTensor{shape: append([]int(nil), shape...), dt: dt}
 	size := int64(n) * dt.Size()
+	if dt.Is16() {
+		// Not pooled: only the Options.Half runs, small ones, use them.
+		t.h = make([]uint16, n)
+		c.mu.Lock()
+		c.add(size)
+		c.mu.Unlock()
+		return t, nil
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if dt == Int64 {
@@ -95,9 +106,12 @@ func (c *cpu) View(t Tensor, shape []int) (Tensor, error) {
 		return nil, fmt.Errorf("cpu: view %v is larger than its storage %v", shape, root.shape)
 	}
 	v := &cpuTensor{shape: append([]int(nil), shape...), dt: root.dt, root: root}
-	if root.dt == Int64 {
+	switch {
+	case root.dt == Int64:
 		v.i = root.i[:n]
-	} else {
+	case root.dt.Is16():
+		v.h = root.h[:n]
+	default:
 		v.f = root.f[:n]
 	}
 	return v, nil
@@ -120,6 +134,10 @@ func (c *cpu) Free(t Tensor) error {
 	n := numel(ct.shape)
 	size := int64(n) * ct.dt.Size()
 	c.sub(size)
+	if ct.h != nil {
+		ct.h = nil
+		return nil
+	}
 	if c.pooled+size <= c.peakEver {
 		if c.floatPool == nil {
 			c.floatPool, c.intPool = map[int][][]float32{}, map[int][][]int64{}
@@ -160,23 +178,54 @@ func (c *cpu) get(t Tensor) (*cpuTensor, error) {
 }
 
 // floats returns the float32 data of tensors, all of which must be live
-// Float32 tensors of this backend; nil tensors give nil slices.
-func (c *cpu) floats(ts ...Tensor) ([][]float32, error) {
+// float tensors of this backend; nil tensors give nil slices. A 16-bit
+// tensor is decoded into a float32 copy (one per storage, which views
+// share), and done writes every such copy back, rounded: every op calls
+// done when it has finished writing, so that its outputs may be 16-bit
+// while it computes in float32. Inputs survive the round trip unchanged,
+// since a decoded 16-bit value encodes to itself. done is never nil.
+func (c *cpu) floats(ts ...Tensor) (f [][]float32, done func(), err error) {
 	out := make([][]float32, len(ts))
+	var decoded map[*cpuTensor][]float32
+	done = func() {
+		for root, v := range decoded {
+			encode16(root.dt, root.h, v)
+		}
+		decoded = nil
+	}
 	for k, t := range ts {
 		if t == nil {
 			continue
 		}
 		ct, err := c.get(t)
 		if err != nil {
-			return nil, err
+			done()
+			return nil, func() {}, err
 		}
-		if ct.dt != Float32 {
-			return nil, fmt.Errorf("cpu: %v tensor where float32 is needed", ct.dt)
+		switch {
+		case ct.dt == Float32:
+			out[k] = ct.f
+		case ct.dt.Is16():
+			root := ct
+			if ct.root != nil {
+				root = ct.root
+			}
+			v, ok := decoded[root]
+			if !ok {
+				if decoded == nil {
+					decoded = map[*cpuTensor][]float32{}
+				}
+				v = make([]float32, len(root.h))
+				decode16(root.dt, v, root.h)
+				decoded[root] = v
+			}
+			out[k] = v[:len(ct.h)]
+		default:
+			done()
+			return nil, func() {}, fmt.Errorf("cpu: %v tensor where a float one is needed", ct.dt)
 		}
-		out[k] = ct.f
 	}
-	return out, nil
+	return out, done, nil
 }
 
 func (c *cpu) Upload(dst Tensor, src []float32) error {
@@ -187,13 +236,16 @@ func (c *cpu) Upload(dst Tensor, src []float32) error {
 	if len(src) != numel(ct.shape) {
 		return fmt.Errorf("cpu: upload of %d values into %v", len(src), ct.shape)
 	}
-	if ct.dt == Int64 {
+	switch {
+	case ct.dt == Int64:
 		for k, v := range src {
 			ct.i[k] = int64(v)
 		}
-		return nil
+	case ct.dt.Is16():
+		encode16(ct.dt, ct.h, src)
+	default:
+		copy(ct.f, src)
 	}
-	copy(ct.f, src)
 	return nil
 }
 
@@ -205,13 +257,16 @@ func (c *cpu) Download(src Tensor, dst []float32) error {
 	if len(dst) != numel(ct.shape) {
 		return fmt.Errorf("cpu: download of %v into %d values", ct.shape, len(dst))
 	}
-	if ct.dt == Int64 {
+	switch {
+	case ct.dt == Int64:
 		for k, v := range ct.i {
 			dst[k] = float32(v)
 		}
-		return nil
+	case ct.dt.Is16():
+		decode16(ct.dt, dst, ct.h)
+	default:
+		copy(dst, ct.f)
 	}
-	copy(dst, ct.f)
 	return nil
 }
 
@@ -253,7 +308,8 @@ func sameLen(op string, vs ...[]float32) error {
 }
 
 func (c *cpu) Copy(dst, src Tensor) error {
-	f, err := c.floats(dst, src)
+	f, done, err := c.floats(dst, src)
+	defer done()
 	if err != nil {
 		return err
 	}
@@ -265,7 +321,8 @@ func (c *cpu) Copy(dst, src Tensor) error {
 }
 
 func (c *cpu) Sum(dst Tensor, srcs ...Tensor) error {
-	f, err := c.floats(append([]Tensor{dst}, srcs...)...)
+	f, done, err := c.floats(append([]Tensor{dst}, srcs...)...)
+	defer done()
 	if err != nil {
 		return err
 	}
@@ -295,7 +352,8 @@ func (c *cpu) Sum(dst Tensor, srcs ...Tensor) error {
 }
 
 func (c *cpu) Accumulate(dst, src Tensor) error {
-	f, err := c.floats(dst, src)
+	f, done, err := c.floats(dst, src)
+	defer done()
 	if err != nil {
 		return err
 	}
@@ -313,7 +371,8 @@ func (c *cpu) Accumulate(dst, src Tensor) error {
 }
 
 func (c *cpu) Mul(dst, a, b Tensor) error {
-	f, err := c.floats(dst, a, b)
+	f, done, err := c.floats(dst, a, b)
+	defer done()
 	if err != nil {
 		return err
 	}
@@ -330,7 +389,8 @@ func (c *cpu) Mul(dst, a, b Tensor) error {
 }
 
 func (c *cpu) Activation(dst, src Tensor, act Act) error {
-	f, err := c.floats(dst, src)
+	f, done, err := c.floats(dst, src)
+	defer done()
 	if err != nil {
 		return err
 	}
@@ -376,7 +436,8 @@ func activate(d, s []float32, act Act) {
 }
 
 func (c *cpu) ActivationBackward(dx, dy, saved Tensor, act Act, fromOutput bool) error {
-	f, err := c.floats(dx, dy, saved)
+	f, done, err := c.floats(dx, dy, saved)
+	defer done()
 	if err != nil {
 		return err
 	}
@@ -428,7 +489,8 @@ func notPositive(v float32) uint32 {
 }
 
 func (c *cpu) DropoutMask(mask Tensor, p float64, seed uint64) error {
-	f, err := c.floats(mask)
+	f, done, err := c.floats(mask)
+	defer done()
 	if err != nil {
 		return err
 	}
@@ -474,7 +536,8 @@ func (c *cpu) Split(src Tensor, dsts ...Tensor) error {
 // concat copies parts into whole (join) or whole into parts, along
 // dimension 1.
 func (c *cpu) concat(whole Tensor, parts []Tensor, join bool) error {
-	f, err := c.floats(append([]Tensor{whole}, parts...)...)
+	f, done, err := c.floats(append([]Tensor{whole}, parts...)...)
+	defer done()
 	if err != nil {
 		return err
 	}

@@ -197,7 +197,8 @@ func (c *cpu) tasks(g *convGeom, fn func(worker, n, grp, par int)) {
 }
 
 func (c *cpu) Conv2d(y, x, w, b Tensor, p ConvParams) error {
-	f, err := c.floats(y, x, w, b)
+	f, done, err := c.floats(y, x, w, b)
+	defer done()
 	if err != nil {
 		return err
 	}
@@ -246,7 +247,8 @@ func (c *cpu) Conv2d(y, x, w, b Tensor, p ConvParams) error {
 }
 
 func (c *cpu) Conv2dBackward(dx, dw, db, dy, x, w Tensor, p ConvParams) error {
-	f, err := c.floats(dx, dw, db, dy, x, w)
+	f, done, err := c.floats(dx, dw, db, dy, x, w)
+	defer done()
 	if err != nil {
 		return err
 	}
@@ -347,7 +349,8 @@ func (c *cpu) Conv2dBackward(dx, dw, db, dy, x, w Tensor, p ConvParams) error {
 }
 
 func (c *cpu) Linear(y, x, w, b Tensor) error {
-	f, err := c.floats(y, x, w, b)
+	f, done, err := c.floats(y, x, w, b)
+	defer done()
 	if err != nil {
 		return err
 	}
@@ -372,7 +375,8 @@ func (c *cpu) Linear(y, x, w, b Tensor) error {
 }
 
 func (c *cpu) LinearBackward(dx, dw, db, dy, x, w Tensor) error {
-	f, err := c.floats(dx, dw, db, dy, x, w)
+	f, done, err := c.floats(dx, dw, db, dy, x, w)
+	defer done()
 	if err != nil {
 		return err
 	}

@@ -36,8 +36,8 @@ func gammaOf(w []float32, ch int, p NormParams) float64 {
 	return float64(w[ch])
 }
 
-func (c *cpu) normArgs(x Tensor, vs ...Tensor) (n, ch, hw int, f [][]float32, err error) {
-	f, err = c.floats(append([]Tensor{x}, vs...)...)
+func (c *cpu) normArgs(x Tensor, vs ...Tensor) (n, ch, hw int, f [][]float32, done func(), err error) {
+	f, done, err = c.floats(append([]Tensor{x}, vs...)...)
 	if err != nil {
 		return
 	}
@@ -59,7 +59,8 @@ func (c *cpu) normArgs(x Tensor, vs ...Tensor) (n, ch, hw int, f [][]float32, er
 }
 
 func (c *cpu) BatchStats(mean, variance, x, sign Tensor) error {
-	n, ch, hw, f, err := c.normArgs(x, mean, variance, sign)
+	n, ch, hw, f, done, err := c.normArgs(x, mean, variance, sign)
+	defer done()
 	if err != nil {
 		return err
 	}
@@ -80,7 +81,8 @@ func (c *cpu) BatchStats(mean, variance, x, sign Tensor) error {
 }
 
 func (c *cpu) UpdateRunning(runMean, runVar, mean, variance Tensor, factor float64, count int) error {
-	f, err := c.floats(runMean, runVar, mean, variance)
+	f, done, err := c.floats(runMean, runVar, mean, variance)
+	defer done()
 	if err != nil {
 		return err
 	}
@@ -100,7 +102,8 @@ func (c *cpu) UpdateRunning(runMean, runVar, mean, variance Tensor, factor float
 }
 
 func (c *cpu) Normalize(y, x, sign, mean, variance, weight, bias Tensor, p NormParams) error {
-	n, ch, hw, f, err := c.normArgs(x, y, sign, mean, variance, weight, bias)
+	n, ch, hw, f, done, err := c.normArgs(x, y, sign, mean, variance, weight, bias)
+	defer done()
 	if err != nil {
 		return err
 	}
@@ -135,7 +138,8 @@ func (c *cpu) NormalizeBackward(dx, dweight, dbias, dy, x, sign, mean, variance,
 	if p.Act.Kind != ActIdentity {
 		return fmt.Errorf("cpu: normalize backward from the input takes an identity activation, not %s", p.Act)
 	}
-	n, ch, hw, f, err := c.normArgs(x, dx, dweight, dbias, dy, sign, mean, variance, weight)
+	n, ch, hw, f, done, err := c.normArgs(x, dx, dweight, dbias, dy, sign, mean, variance, weight)
+	defer done()
 	if err != nil {
 		return err
 	}
@@ -278,7 +282,8 @@ func (c *cpu) NormalizeBackwardFromOutput(dx, dweight, dbias, dz, z, sign, varia
 	case p.Act.Kind != ActIdentity && !(p.Act.Param > 0):
 		return fmt.Errorf("cpu: %s is not invertible", p.Act)
 	}
-	n, ch, hw, f, err := c.normArgs(z, dx, dweight, dbias, dz, sign, variance, weight, bias)
+	n, ch, hw, f, done, err := c.normArgs(z, dx, dweight, dbias, dz, sign, variance, weight, bias)
+	defer done()
 	if err != nil {
 		return err
 	}

@@ -16,7 +16,8 @@ func poolDims(x, y Tensor) (planes, h, w, oh, ow int, err error) {
 }
 
 func (c *cpu) MaxPool(y, idx, x Tensor, p PoolParams) error {
-	f, err := c.floats(y, x)
+	f, done, err := c.floats(y, x)
+	defer done()
 	if err != nil {
 		return err
 	}
@@ -72,7 +73,8 @@ func (c *cpu) MaxPool(y, idx, x Tensor, p PoolParams) error {
 }
 
 func (c *cpu) MaxPoolBackward(dx, dy, idx Tensor) error {
-	f, err := c.floats(dx, dy)
+	f, done, err := c.floats(dx, dy)
+	defer done()
 	if err != nil {
 		return err
 	}
@@ -126,7 +128,8 @@ func (c *cpu) AvgPoolBackward(dx, dy Tensor, p PoolParams) error {
 // avgPool runs the forward (y from x) or, with back, the backward (x is the
 // input gradient, y the output gradient).
 func (c *cpu) avgPool(y, x Tensor, p PoolParams, back bool) error {
-	f, err := c.floats(y, x)
+	f, done, err := c.floats(y, x)
+	defer done()
 	if err != nil {
 		return err
 	}
@@ -182,7 +185,8 @@ func (c *cpu) AdaptiveAvgPool(y, x Tensor) error { return c.adaptive(y, x, false
 func (c *cpu) AdaptiveAvgPoolBackward(dx, dy Tensor) error { return c.adaptive(dy, dx, true) }
 
 func (c *cpu) adaptive(y, x Tensor, back bool) error {
-	f, err := c.floats(y, x)
+	f, done, err := c.floats(y, x)
+	defer done()
 	if err != nil {
 		return err
 	}

@@ -201,8 +201,8 @@ func TestInPlaceOnlyWhenSafe(t *testing.T) {
 	}
 	for i, n := range h.g.Nodes {
 		want := n.Name == "relu2"
-		if p.inPlace[i] != want {
-			t.Errorf("%s: in place %v, want %v", n.Name, p.inPlace[i], want)
+		if p.fwd[i].inPlace != want {
+			t.Errorf("%s: in place %v, want %v", n.Name, p.fwd[i].inPlace, want)
 		}
 	}
 }

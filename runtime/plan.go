@@ -10,48 +10,89 @@ import (
 // input shape in a mode, in the manner of torch.fx's Interpreter with
 // garbage_collect_values: the shape of every value, which storage every value
 // lives in (in-place ops and views share their input's), what every node
-// keeps for backward, and the last step at which each storage is used. The
+// keeps for backward, and the last event at which each storage is used. The
 // walker then only follows the plan, so every backend allocates and frees the
 // same tensors at the same points and their memory figures compare.
 //
-// Steps: forward step i runs node i (node 0 is the input); backward step
-// bstep(i) = 2N-1-i runs node i's backward, so the backward walks the nodes
-// in reverse and the timeline is 0 .. 2N-1.
+// Events: the forward of node i is event i (node 0 is the input); then the
+// backward walks the nodes in reverse, one event per node. Under gradient
+// checkpointing, the backward of a segment's last node is preceded by one
+// recompute event per node of the segment, which reruns its forward from the
+// segment's inputs (kept since the forward pass) and keeps, this time, what
+// the segment's backward needs.
 type plan struct {
 	shape    []int
 	training bool // BN family uses batch statistics and updates running ones
 	save     bool // keep what backward needs (training, or Options.GradInEval)
 	n        int  // node count
+	// act is the type of activations and their gradients: Float32, or the
+	// 16-bit format of Options.Half.
+	act DType
 
 	shapes [][]int // output shape of each node
-	store  []int   // storage of each node's output
-	// inPlace marks nodes whose output overwrites their first input's
-	// storage (activations, InPlace-ABN); view marks Flatten and eval
-	// Dropout, whose output is their input reshaped.
-	inPlace []bool
-	view    []bool
-	// saves lists, per node, the storages it keeps for backward: what its
-	// backward reads. aux lists the extra storages a node allocates (batch
-	// statistics, pooling indices, dropout masks), in the order the walker
-	// expects them.
-	saves [][]int
-	aux   [][]int
+	// fwd says where each node's forward pass puts things; rec, for the
+	// nodes of checkpoint segments, where their recomputation does.
+	fwd, rec []pass
 	// group is the shared-buffer group of each node, nil when unmarked or
 	// when recomputation is off.
-	group    []*group
-	groups   []*group
+	group  []*group
+	groups []*group
+	// seg is the checkpoint segment of each node, -1 outside any.
+	seg      []int
+	segs     []segment
 	storages []storageInfo
+	// kept marks storages something keeps for a backward or a recompute:
+	// no in-place op may overwrite them.
+	kept []bool
+
+	events []event
+	// fpos, rpos and bpos are the events of each node's forward,
+	// recomputation (-1 when not recomputed) and backward.
+	fpos, rpos, bpos []int
 	// allocAt and freeAt list the storages allocated before, and freed
-	// after, each step.
+	// after, each event.
 	allocAt [][]int
 	freeAt  [][]int
+	flops   []nodeFlops
 }
+
+// pass is where one execution of a node (its forward, or its recomputation)
+// puts things.
+type pass struct {
+	store int // storage of the output
+	// inPlace: the output overwrites the first input's storage
+	// (activations, InPlace-ABN); view: Flatten and eval Dropout, whose
+	// output is their input reshaped.
+	inPlace, view bool
+	// aux lists the extra storages the node allocates (batch statistics,
+	// pooling indices, dropout masks), in the order the walker expects.
+	aux []int
+	// wcopy is the 16-bit copy of a Conv2d's or Linear's weight under
+	// Options.Half (autocast keeps such a copy for backward), -1 otherwise.
+	wcopy int
+}
+
+type eventKind uint8
+
+const (
+	evForward eventKind = iota
+	evRecompute
+	evBackward
+)
+
+type event struct {
+	kind eventKind
+	node int
+}
+
+// segment is a checkpoint segment: nodes first..last.
+type segment struct{ first, last int }
 
 type storageKind uint8
 
 const (
 	kindValue  storageKind = iota // a node's output
-	kindAux                       // statistics, indices, masks
+	kindAux                       // statistics, indices, masks, weight copies
 	kindShared                    // a DenseNet shared buffer
 )
 
@@ -61,8 +102,8 @@ type storageInfo struct {
 	kind  storageKind
 	owner int // node that allocates it
 	what  string
-	first int // step before which it is allocated
-	last  int // step after which it is freed
+	first int // event before which it is allocated
+	last  int // event after which it is freed
 	// savedBy is the first node (forward order) that keeps it for
 	// backward, -1 if none: the per-layer breakdown charges it there.
 	savedBy int
@@ -70,79 +111,99 @@ type storageInfo struct {
 
 func (s storageInfo) bytes() int64 { return int64(numel(s.shape)) * s.dt.Size() }
 
-// group is one DenseNet shared-buffer group: Concat → ABN-family → 1x1 conv.
-// Neither the concatenation nor the ABN output is kept; both live in shared
-// buffers and are recomputed in the backward pass with the batch statistics
-// the forward pass saved, so running statistics are updated once.
+// group is one DenseNet shared-buffer group: Concat → BN-family node (→
+// activation) → 1x1 conv. Neither the concatenation nor the normalised (and
+// activated) output is kept; both live in shared buffers and are recomputed
+// in the backward pass with the batch statistics the forward pass saved, so
+// running statistics are updated once. The activation, when the group has
+// one (plain BN + ReLU, as in the memory-efficient DenseNet report), runs in
+// place on the BN output's buffer.
 type group struct {
 	name           string
 	cat, abn, conv int // node indices
-	// mean and variance are the ABN's saved batch statistics (aux
-	// storages).
-	mean, variance int
+	act            int // activation node, -1 when fused into the ABN
 }
 
-func (p *plan) bstep(i int) int { return 2*p.n - 1 - i }
+// planConfig is what a plan depends on besides the graph and input shape.
+type planConfig struct {
+	training, save bool
+	// recompute honours Node.Recompute marks (DenseNet shared buffers).
+	recompute bool
+	// segments are the checkpoint segments (used when save).
+	segments []segment
+	// half, when 16-bit, is the type activations are kept in.
+	half DType
+}
 
-// newStorage adds a storage allocated before step first.
+// newStorage adds a storage allocated before event first.
 func (p *plan) newStorage(shape []int, dt DType, kind storageKind, owner int, what string, first int) int {
 	p.storages = append(p.storages, storageInfo{shape: shape, dt: dt, kind: kind, owner: owner, what: what, first: first, last: first, savedBy: -1})
+	p.kept = append(p.kept, false)
 	return len(p.storages) - 1
 }
 
-// use extends storage s's life to step.
-func (p *plan) use(s, step int) {
-	if step > p.storages[s].last {
-		p.storages[s].last = step
+// use extends storage s's life to event ev.
+func (p *plan) use(s, ev int) {
+	if ev > p.storages[s].last {
+		p.storages[s].last = ev
 	}
 }
 
 // keep records that node i keeps storage s for its backward.
-func (p *plan) keep(i, s int) {
-	p.saves[i] = append(p.saves[i], s)
-	p.use(s, p.bstep(i))
+func (p *plan) keep(i, s int) { p.keepAt(i, s, p.bpos[i]) }
+
+// keepAt records that node i keeps s for a backward or recompute at event
+// ev.
+func (p *plan) keepAt(i, s, ev int) {
+	p.use(s, ev)
+	p.kept[s] = true
 	if p.storages[s].savedBy < 0 {
 		p.storages[s].savedBy = i
 	}
 }
 
-// keepAt records that node i keeps s for a backward that runs at step.
-func (p *plan) keepAt(i, s, step int) {
-	p.saves[i] = append(p.saves[i], s)
-	p.use(s, step)
-	if p.storages[s].savedBy < 0 {
-		p.storages[s].savedBy = i
-	}
-}
-
-// makePlan plans g for an input of shape in. index maps nodes to their
-// position.
+// makePlan plans g for an input of shape in, without checkpointing or 16-bit
+// activations. index maps nodes to their position.
 func makePlan(g *graph.Graph, index map[*graph.Node]int, in []int, training, save, recompute bool) (*plan, error) {
+	return makePlanWith(g, index, in, planConfig{training: training, save: save, recompute: recompute})
+}
+
+func makePlanWith(g *graph.Graph, index map[*graph.Node]int, in []int, cfg planConfig) (*plan, error) {
 	n := len(g.Nodes)
 	p := &plan{
-		shape: append([]int(nil), in...), training: training, save: save, n: n,
-		shapes: make([][]int, n), store: make([]int, n), inPlace: make([]bool, n), view: make([]bool, n),
-		saves: make([][]int, n), aux: make([][]int, n), group: make([]*group, n),
+		shape: append([]int(nil), in...), training: cfg.training, save: cfg.save, n: n, act: Float32,
+		shapes: make([][]int, n), fwd: make([]pass, n), rec: make([]pass, n), group: make([]*group, n), seg: make([]int, n),
+	}
+	if cfg.half.Is16() {
+		p.act = cfg.half
+	}
+	for i := range p.seg {
+		p.seg[i] = -1
+		p.fwd[i].wcopy, p.rec[i].wcopy = -1, -1
 	}
 	if err := p.inferShapes(g, index); err != nil {
 		return nil, err
 	}
-	if save && recompute {
+	if cfg.save && cfg.recompute {
 		if err := p.findGroups(g, index); err != nil {
 			return nil, err
 		}
 	}
-	// lastRead is the last forward step reading a value; mayOverwrite
-	// uses it to decide whether a node may overwrite its input.
-	lastRead := func(v *graph.Value) int {
-		last := -1
-		for _, c := range v.Consumers {
-			if j := index[c]; j > last {
-				last = j
-			}
+	if cfg.save {
+		if err := p.setSegments(g, cfg.segments); err != nil {
+			return nil, err
 		}
-		return last
 	}
+	p.timeline()
+	p.flops = make([]nodeFlops, n)
+	for i, nd := range g.Nodes {
+		var ins [][]int
+		for _, v := range nd.Inputs {
+			ins = append(ins, p.shapes[index[v.Producer]])
+		}
+		p.flops[i] = flopsOf(nd, ins, p.shapes[i], p.training)
+	}
+
 	var catBuf, abnBuf int = -1, -1
 	if len(p.groups) > 0 {
 		catN, abnN := 0, 0
@@ -152,47 +213,88 @@ func makePlan(g *graph.Graph, index map[*graph.Node]int, in []int, training, sav
 			abnN = max(abnN, numel(p.shapes[gr.abn]))
 			first = min(first, gr.cat)
 		}
-		catBuf = p.newStorage([]int{catN}, Float32, kindShared, first, "shared concatenation buffer", first)
-		abnBuf = p.newStorage([]int{abnN}, Float32, kindShared, first, "shared ABN output buffer", first)
+		catBuf = p.newStorage([]int{catN}, p.act, kindShared, first, "shared concatenation buffer", p.fpos[first])
+		abnBuf = p.newStorage([]int{abnN}, p.act, kindShared, first, "shared ABN output buffer", p.fpos[first])
 	}
-
-	for i, nd := range g.Nodes {
-		sh := p.shapes[i]
+	// output picks a node's storage in a pass: a shared buffer, a view or
+	// in-place result of its input, or a new one.
+	output := func(nd *graph.Node, i, k int, pp *pass, sto func(int) int, ev int, what string) {
 		gr := p.group[i]
 		switch {
 		case nd.Op == graph.OpInput:
-			p.store[i] = p.newStorage(sh, Float32, kindValue, i, "input", i)
+			pp.store = p.newStorage(p.shapes[i], p.act, kindValue, i, "input", ev)
 		case gr != nil && i == gr.cat:
-			p.store[i] = catBuf
-		case gr != nil && i == gr.abn:
-			p.store[i] = abnBuf
-		case nd.Op == graph.OpFlatten || (nd.Op == graph.OpDropout && !training):
-			p.view[i] = true
-			p.store[i] = p.store[index[nd.Inputs[0].Producer]]
-		case p.mayOverwrite(g, index, nd, i, lastRead):
-			p.inPlace[i] = true
-			p.store[i] = p.store[index[nd.Inputs[0].Producer]]
+			pp.store = catBuf
+		case gr != nil && (i == gr.abn || i == gr.act):
+			pp.store = abnBuf
+			pp.inPlace = i == gr.act
+		case nd.Op == graph.OpFlatten || (nd.Op == graph.OpDropout && !p.training):
+			pp.view = true
+			pp.store = sto(index[nd.Inputs[0].Producer])
+		case p.mayOverwrite(g, index, nd, i, k, sto):
+			pp.inPlace = true
+			pp.store = sto(index[nd.Inputs[0].Producer])
 		default:
-			p.store[i] = p.newStorage(sh, Float32, kindValue, i, "output", i)
+			pp.store = p.newStorage(p.shapes[i], p.act, kindValue, i, what, ev)
 		}
-		// Forward reads.
 		for _, in := range nd.Inputs {
-			p.use(p.store[index[in.Producer]], i)
+			p.use(sto(index[in.Producer]), ev)
 		}
-		p.use(p.store[i], i)
-		p.planAux(nd, i, index)
-		if save {
-			p.planSaves(g, nd, i, index)
+		p.use(pp.store, ev)
+	}
+
+	fsto := func(j int) int { return p.fwd[j].store }
+	for i, nd := range g.Nodes {
+		k := p.seg[i]
+		if k >= 0 && p.segs[k].first == i {
+			// The segment's inputs stay until its recomputation.
+			for _, s := range p.segmentInputs(g, index, k) {
+				p.keepAt(i, s, p.rpos[i])
+			}
+		}
+		pp := &p.fwd[i]
+		output(nd, i, -1, pp, fsto, p.fpos[i], "output")
+		p.planAux(nd, i, pp, p.fpos[i], nil)
+		p.planWeightCopy(nd, i, pp, p.fpos[i])
+		switch {
+		case !cfg.save:
+		case k >= 0:
+			// Checkpointed: nothing is kept but the batch statistics,
+			// which the recomputation and the backward reuse (running
+			// statistics are updated once).
+			if nd.Op.IsBNFamily() && p.training {
+				for _, s := range pp.aux {
+					p.keep(i, s)
+				}
+			}
+		default:
+			p.planSaves(g, nd, i, pp, fsto, index)
 		}
 	}
 	// The output is downloaded at the end of the forward pass.
-	p.use(p.store[index[g.Output.Producer]], n-1)
-	for _, gr := range p.groups {
-		p.use(catBuf, p.bstep(gr.conv))
-		p.use(abnBuf, p.bstep(gr.conv))
+	p.use(fsto(index[g.Output.Producer]), n-1)
+
+	for k, sg := range p.segs {
+		rsto := func(j int) int {
+			if p.seg[j] == k {
+				return p.rec[j].store
+			}
+			return p.fwd[j].store
+		}
+		for i := sg.first; i <= sg.last; i++ {
+			nd, pp, ev := g.Nodes[i], &p.rec[i], p.rpos[i]
+			output(nd, i, k, pp, rsto, ev, "recomputed output")
+			p.planAux(nd, i, pp, ev, &p.fwd[i])
+			p.planWeightCopy(nd, i, pp, ev)
+			p.planSaves(g, nd, i, pp, rsto, index)
+		}
 	}
-	p.allocAt = make([][]int, 2*n)
-	p.freeAt = make([][]int, 2*n)
+	for _, gr := range p.groups {
+		p.use(catBuf, p.bpos[gr.conv])
+		p.use(abnBuf, p.bpos[gr.conv])
+	}
+	p.allocAt = make([][]int, len(p.events))
+	p.freeAt = make([][]int, len(p.events))
 	for s, st := range p.storages {
 		p.allocAt[st.first] = append(p.allocAt[st.first], s)
 		p.freeAt[st.last] = append(p.freeAt[st.last], s)
@@ -200,14 +302,81 @@ func makePlan(g *graph.Graph, index map[*graph.Node]int, in []int, training, sav
 	return p, nil
 }
 
+// timeline lays out the events: every forward, then the backwards in reverse
+// order, each segment's recomputation just before its last node's backward.
+func (p *plan) timeline() {
+	n := p.n
+	p.fpos, p.rpos, p.bpos = make([]int, n), make([]int, n), make([]int, n)
+	for i := 0; i < n; i++ {
+		p.fpos[i], p.rpos[i] = len(p.events), -1
+		p.events = append(p.events, event{evForward, i})
+	}
+	for i := n - 1; i >= 0; i-- {
+		if k := p.seg[i]; k >= 0 && p.segs[k].last == i {
+			for j := p.segs[k].first; j <= i; j++ {
+				p.rpos[j] = len(p.events)
+				p.events = append(p.events, event{evRecompute, j})
+			}
+		}
+		p.bpos[i] = len(p.events)
+		p.events = append(p.events, event{evBackward, i})
+	}
+}
+
+// setSegments checks the checkpoint segments and assigns nodes to them.
+func (p *plan) setSegments(g *graph.Graph, segs []segment) error {
+	prev := 0
+	for k, s := range segs {
+		if s.first <= prev || s.last < s.first || s.last >= p.n {
+			return fmt.Errorf("runtime: checkpoint segment %d (nodes %d..%d): out of order or out of range (%d nodes)", k, s.first, s.last, p.n)
+		}
+		for i := s.first; i <= s.last; i++ {
+			p.seg[i] = k
+		}
+		prev = s.last
+	}
+	p.segs = segs
+	for _, gr := range p.groups {
+		k := p.seg[gr.cat]
+		for _, i := range []int{gr.abn, gr.act, gr.conv} {
+			if i >= 0 && p.seg[i] != k {
+				return fmt.Errorf("runtime: recompute group %q straddles a checkpoint segment boundary at %s", gr.name, g.Nodes[i].Name)
+			}
+		}
+	}
+	return nil
+}
+
+// segmentInputs lists the forward storages segment k reads from outside.
+func (p *plan) segmentInputs(g *graph.Graph, index map[*graph.Node]int, k int) []int {
+	sg := p.segs[k]
+	var out []int
+	seen := map[int]bool{}
+	for i := sg.first; i <= sg.last; i++ {
+		for _, in := range g.Nodes[i].Inputs {
+			j := index[in.Producer]
+			if j >= sg.first {
+				continue
+			}
+			if s := p.fwd[j].store; !seen[s] {
+				seen[s] = true
+				out = append(out, s)
+			}
+		}
+	}
+	return out
+}
+
 // mayOverwrite decides whether nd writes its output over its input, as
 // torchvision's inplace=True activations and InPlace-ABN do. That is only
 // safe when nothing reads the input's storage afterwards: the input is not
 // the graph's input or output, every reader of every value living in that
-// storage has run by now and nd is the only reader at this step, and no
-// earlier node keeps the storage for its backward (PyTorch would refuse such
-// an in-place op at backward time).
-func (p *plan) mayOverwrite(g *graph.Graph, index map[*graph.Node]int, nd *graph.Node, i int, lastRead func(*graph.Value) int) bool {
+// storage has run by now and nd is the only reader at this step, and nothing
+// keeps the storage for a backward or a recompute (PyTorch would refuse
+// such an in-place op at backward time). In the recomputation of segment k
+// (k >= 0), values from outside the segment are never overwritten, and
+// readers after the segment do not count: they read the forward's copy.
+func (p *plan) mayOverwrite(g *graph.Graph, index map[*graph.Node]int, nd *graph.Node, i, k int, sto func(int) int) bool {
 	switch nd.Op {
 	case graph.OpReLU, graph.OpInPlaceABN, graph.OpInPlaceABNSync:
 	case graph.OpLeakyReLU, graph.OpELU:
@@ -224,30 +393,32 @@ func (p *plan) mayOverwrite(g *graph.Graph, index map[*graph.Node]int, nd *graph
 	if in == g.Input || in == g.Output {
 		return false
 	}
-	s := p.store[index[in.Producer]]
-	if p.storages[s].kind != kindValue {
+	j0 := index[in.Producer]
+	lo, hi := 0, p.n-1
+	if k >= 0 {
+		if p.seg[j0] != k {
+			return false
+		}
+		lo, hi = p.segs[k].first, p.segs[k].last
+	}
+	s := sto(j0)
+	if p.storages[s].kind != kindValue || p.kept[s] {
 		return false
 	}
-	for j, other := range g.Nodes[:i] {
-		if p.store[j] != s {
+	for j := lo; j < i; j++ {
+		if sto(j) != s {
 			continue
 		}
+		other := g.Nodes[j]
 		if other.Out == g.Output {
 			return false
 		}
 		for _, c := range other.Out.Consumers {
-			k := index[c]
-			if k > i || (k == i && c != nd) {
-				return false
+			r := index[c]
+			if r > hi {
+				continue
 			}
-		}
-		if lastRead(other.Out) > i {
-			return false
-		}
-	}
-	for j := 0; j < i; j++ {
-		for _, k := range p.saves[j] {
-			if k == s {
+			if r > i || (r == i && c != nd) {
 				return false
 			}
 		}
@@ -255,35 +426,58 @@ func (p *plan) mayOverwrite(g *graph.Graph, index map[*graph.Node]int, nd *graph
 	return true
 }
 
-// planAux adds the statistics, indices and masks node i allocates.
-func (p *plan) planAux(nd *graph.Node, i int, index map[*graph.Node]int) {
-	add := func(shape []int, dt DType, what string) int {
-		s := p.newStorage(shape, dt, kindAux, i, what, i)
-		p.aux[i] = append(p.aux[i], s)
-		return s
+// planAux adds the statistics, indices and masks node i allocates at event
+// ev. A recomputation (reuse is the forward's pass) reuses the forward's
+// batch statistics instead of computing new ones.
+func (p *plan) planAux(nd *graph.Node, i int, pp *pass, ev int, reuse *pass) {
+	add := func(shape []int, dt DType, what string) {
+		s := p.newStorage(shape, dt, kindAux, i, what, ev)
+		pp.aux = append(pp.aux, s)
 	}
 	switch {
 	case nd.Op.IsBNFamily() && p.training:
+		if reuse != nil {
+			pp.aux = reuse.aux
+			for _, s := range pp.aux {
+				p.use(s, ev)
+			}
+			return
+		}
+		// Statistics stay float32 under Options.Half, as under autocast.
 		c := p.shapes[i][1]
 		add([]int{c}, Float32, "batch mean")
 		add([]int{c}, Float32, "batch variance")
 	case nd.Op == graph.OpMaxPool && p.save:
 		add(p.shapes[i], Int64, "argmax indices")
 	case nd.Op == graph.OpDropout && p.training:
-		add(p.shapes[i], Float32, "dropout mask")
+		add(p.shapes[i], p.act, "dropout mask")
 	}
 }
 
-// planSaves records what node i keeps for backward. It mirrors what PyTorch
-// 1.13's autograd saves for the same op (checked with saved-tensor hooks), so
-// that the figure for an original network compares with PyTorch's, and what
-// the InPlace-ABN paper and the memory-efficient DenseNet report keep for the
-// converted layers.
-func (p *plan) planSaves(g *graph.Graph, nd *graph.Node, i int, index map[*graph.Node]int) {
-	in := func(k int) int { return p.store[index[nd.Inputs[k].Producer]] }
-	out := p.store[i]
+// planWeightCopy adds, under Options.Half, the 16-bit copy of a Conv2d's or
+// Linear's weight that the node computes with.
+func (p *plan) planWeightCopy(nd *graph.Node, i int, pp *pass, ev int) {
+	if !p.act.Is16() || (nd.Op != graph.OpConv && nd.Op != graph.OpLinear) {
+		return
+	}
+	a := normAttr(nd)
+	shape := []int{a.OutChannels, a.InChannels}
+	if nd.Op == graph.OpConv {
+		shape = []int{a.OutChannels, a.InChannels / a.Groups, a.KernelSize[0], a.KernelSize[1]}
+	}
+	pp.wcopy = p.newStorage(shape, p.act, kindAux, i, "16-bit weight copy", ev)
+}
+
+// planSaves records what node i keeps for backward, in the pass pp whose
+// storages sto gives. It mirrors what PyTorch 1.13's autograd saves for the
+// same op (checked with saved-tensor hooks), so that the figure for an
+// original network compares with PyTorch's, and what the InPlace-ABN paper
+// and the memory-efficient DenseNet report keep for the converted layers.
+func (p *plan) planSaves(g *graph.Graph, nd *graph.Node, i int, pp *pass, sto func(int) int, index map[*graph.Node]int) {
+	in := func(k int) int { return sto(index[nd.Inputs[k].Producer]) }
+	out := pp.store
 	if gr := p.group[i]; gr != nil {
-		at := p.bstep(gr.conv)
+		at := p.bpos[gr.conv]
 		switch i {
 		case gr.cat:
 			// The concatenation is rebuilt from its inputs.
@@ -292,20 +486,29 @@ func (p *plan) planSaves(g *graph.Graph, nd *graph.Node, i int, index map[*graph
 			}
 		case gr.abn:
 			// Batch statistics to recompute the output; nothing else.
-			for _, s := range p.aux[i] {
+			for _, s := range pp.aux {
 				p.keepAt(i, s, at)
+			}
+		case gr.conv:
+			if pp.wcopy >= 0 {
+				p.keep(i, pp.wcopy)
 			}
 		}
 		return
 	}
 	switch nd.Op {
-	case graph.OpConv, graph.OpLinear, graph.OpAvgPool, graph.OpAdaptiveAvgPool:
+	case graph.OpConv, graph.OpLinear:
+		p.keep(i, in(0))
+		if pp.wcopy >= 0 {
+			p.keep(i, pp.wcopy)
+		}
+	case graph.OpAvgPool, graph.OpAdaptiveAvgPool:
 		// Average pools keep their input too: PyTorch's backward kernels
 		// take it (for its shape), so its autograd saves it.
 		p.keep(i, in(0))
 	case graph.OpBatchNorm:
 		p.keep(i, in(0))
-		for _, s := range p.aux[i] {
+		for _, s := range pp.aux {
 			p.keep(i, s)
 		}
 	case graph.OpABN:
@@ -313,7 +516,7 @@ func (p *plan) planSaves(g *graph.Graph, nd *graph.Node, i int, index map[*graph
 		// activation: the input and statistics for the former, the
 		// result for the latter.
 		p.keep(i, in(0))
-		for _, s := range p.aux[i] {
+		for _, s := range pp.aux {
 			p.keep(i, s)
 		}
 		if actOf(nd).Kind != ActIdentity {
@@ -323,28 +526,30 @@ func (p *plan) planSaves(g *graph.Graph, nd *graph.Node, i int, index map[*graph
 		// The output z and the variance; the mean is not needed.
 		p.keep(i, out)
 		if p.training {
-			p.keep(i, p.aux[i][1])
+			p.keep(i, pp.aux[1])
 		}
 	case graph.OpReLU:
 		p.keep(i, out)
 	case graph.OpLeakyReLU, graph.OpELU:
-		if p.inPlace[i] {
+		if pp.inPlace {
 			p.keep(i, out)
 		} else {
 			p.keep(i, in(0))
 		}
 	case graph.OpMaxPool:
 		p.keep(i, in(0))
-		p.keep(i, p.aux[i][0])
+		p.keep(i, pp.aux[0])
 	case graph.OpDropout:
 		if p.training {
-			p.keep(i, p.aux[i][0])
+			p.keep(i, pp.aux[0])
 		}
 	}
 }
 
 // findGroups collects the DenseNet groups marked by Node.Recompute and checks
-// that each has the shape the shared buffers rely on.
+// that each has the shape the shared buffers rely on: Concat, a BN-family
+// node, optionally an activation, a Conv2d, each the only reader of the one
+// before.
 func (p *plan) findGroups(g *graph.Graph, index map[*graph.Node]int) error {
 	byName := map[string][]int{}
 	var order []string
@@ -362,25 +567,48 @@ func (p *plan) findGroups(g *graph.Graph, index map[*graph.Node]int) error {
 		bad := func(why string) error {
 			return fmt.Errorf("runtime: recompute group %q (node %s): %s", name, g.Nodes[idx[0]].Name, why)
 		}
-		if len(idx) != 3 {
-			return bad(fmt.Sprintf("has %d nodes, want Concat, an ABN-family node and a 1x1 Conv2d", len(idx)))
+		if len(idx) != 3 && len(idx) != 4 {
+			return bad(fmt.Sprintf("has %d nodes, want Concat, a BN-family node, an optional activation and a 1x1 Conv2d", len(idx)))
 		}
-		cat, abn, conv := g.Nodes[idx[0]], g.Nodes[idx[1]], g.Nodes[idx[2]]
+		chain := make([]*graph.Node, len(idx))
+		for k, i := range idx {
+			chain[k] = g.Nodes[i]
+		}
+		cat, abn, conv := chain[0], chain[1], chain[len(chain)-1]
+		gr := &group{name: name, cat: idx[0], abn: idx[1], act: -1, conv: idx[len(idx)-1]}
 		switch {
 		case cat.Op != graph.OpConcat:
 			return bad(fmt.Sprintf("first node %s is %s, want Concat", cat.Name, cat.Op))
 		case !abn.Op.IsBNFamily():
-			return bad(fmt.Sprintf("second node %s is %s, want an ABN-family node", abn.Name, abn.Op))
+			return bad(fmt.Sprintf("second node %s is %s, want a BN-family node", abn.Name, abn.Op))
 		case conv.Op != graph.OpConv:
-			return bad(fmt.Sprintf("third node %s is %s, want Conv2d", conv.Name, conv.Op))
-		case abn.Inputs[0] != cat.Out || conv.Inputs[0] != abn.Out:
-			return bad("its nodes do not read one another in a chain")
-		case !onlyReader(cat.Out, abn) || !onlyReader(abn.Out, conv):
-			return bad(fmt.Sprintf("%s or %s has readers outside the group", cat.Name, abn.Name))
-		case cat.Out == g.Output || abn.Out == g.Output:
-			return bad("a recomputed value is the graph output")
+			return bad(fmt.Sprintf("last node %s is %s, want Conv2d", conv.Name, conv.Op))
 		}
-		gr := &group{name: name, cat: idx[0], abn: idx[1], conv: idx[2]}
+		if len(chain) == 4 {
+			act := chain[2]
+			switch {
+			case abn.Op == graph.OpInPlaceABN || abn.Op == graph.OpInPlaceABNSync:
+				return bad(fmt.Sprintf("%s is in place and takes no separate activation", abn.Name))
+			case act.Op == graph.OpReLU:
+			case (act.Op == graph.OpLeakyReLU || act.Op == graph.OpELU) && act.Attr.ActParam > 0:
+			default:
+				// The activation runs in place on the shared buffer, so
+				// its backward must work from its output.
+				return bad(fmt.Sprintf("third node %s is %s, want an activation that can run in place", act.Name, act.Op))
+			}
+			gr.act = idx[2]
+		}
+		for k := 1; k < len(chain); k++ {
+			if chain[k].Inputs[0] != chain[k-1].Out {
+				return bad("its nodes do not read one another in a chain")
+			}
+			if !onlyReader(chain[k-1].Out, chain[k]) {
+				return bad(fmt.Sprintf("%s has readers outside the group", chain[k-1].Name))
+			}
+			if chain[k-1].Out == g.Output {
+				return bad("a recomputed value is the graph output")
+			}
+		}
 		for _, i := range idx {
 			p.group[i] = gr
 		}

@@ -21,6 +21,16 @@
 // their concatenation nor their ABN output: both live in two shared buffers
 // and are rebuilt in the backward pass from the batch statistics saved in the
 // forward pass, so running statistics are updated once.
+//
+// Two more memory techniques are policies of the executor, so that their
+// figures are measured the same way: gradient checkpointing
+// (Options.Checkpoint: segments keep only their inputs and are rerun in the
+// backward pass, with the forward's batch statistics) and 16-bit
+// activations (Options.Half: activations, their gradients and the weight
+// copies convolutions compute with are stored in bfloat16 or float16, as
+// torch.autocast keeps them). The executor counts the arithmetic it runs and
+// reruns (Work), so that what a technique costs in recomputation is measured
+// too.
 package runtime
 
 import (
@@ -58,9 +68,22 @@ type Options struct {
 	// keep their concatenation and ABN output like any other layer (for
 	// comparing the two ways, and their memory).
 	NoRecompute bool
-	// Trace, when set, is called after every node's forward ("forward")
-	// and backward ("backward") step with its index, the node count and
-	// the time the step took: for progress lines and per-layer timings.
+	// Checkpoint selects gradient checkpointing: segments whose forward
+	// keeps only its inputs and is rerun in the backward pass (see
+	// Checkpointing; Segments lists what a policy chooses).
+	Checkpoint Checkpointing
+	// Half, when BFloat16 or Float16, keeps activations, their gradients
+	// and the weight copies Conv2d and Linear compute with in that 16-bit
+	// format, as torch.autocast does (CPU autocast uses bfloat16): what is
+	// saved for backward is stored and counted in 16 bits. BN statistics,
+	// parameters and their gradients stay float32, max-pool indices int64.
+	// The CPU backend computes in float32 from the 16-bit values and rounds
+	// what it writes. Float32 (the zero value) is off.
+	Half DType
+	// Trace, when set, is called after every node's forward ("forward"),
+	// recomputation ("recompute", under Checkpoint) and backward
+	// ("backward") step with its index, the node count and the time the
+	// step took: for progress lines and per-layer timings.
 	Trace func(phase string, index, total int, node *graph.Node, took time.Duration)
 }
 
@@ -99,8 +122,12 @@ type Executor struct {
 	trainSteps int
 
 	plans map[string]*plan
-	run   *run
-	mem   MemoryReport
+	// segs are the checkpoint segments, by node index.
+	segs     []segment
+	segments []Segment
+	run      *run
+	mem      MemoryReport
+	work     WorkReport
 	// base is what the backend held when the last forward started
 	// (parameters, and anything another executor holds on a shared
 	// backend): the memory figures count from there.
@@ -118,7 +145,21 @@ type run struct {
 	// temps holds gradient temporaries between their allocation and
 	// their folding in.
 	temps map[Tensor]bool
-	done  bool // backward ran
+	// recomputed marks the nodes whose recomputation has run: their
+	// values and aux storages are the recomputation's from then on.
+	recomputed []bool
+	// step is the training forward's index, for dropout seeds (a
+	// recomputation draws the same masks).
+	step int
+	done bool // backward ran
+}
+
+// at is the pass node i's values currently come from.
+func (r *run) at(i int) *pass {
+	if r.recomputed[i] {
+		return &r.p.rec[i]
+	}
+	return &r.p.fwd[i]
 }
 
 // gbuf is a gradient allocation; several handles may share it (a Flatten's
@@ -145,10 +186,23 @@ func New(g *graph.Graph, w graph.Weights, b Backend, opt Options) (*Executor, er
 	if err := g.Validate(); err != nil {
 		return nil, fmt.Errorf("runtime: %w", err)
 	}
+	if opt.Half != Float32 && !opt.Half.Is16() {
+		return nil, fmt.Errorf("runtime: Options.Half is %v, want float32 (off), bfloat16 or float16", opt.Half)
+	}
 	e := &Executor{g: g, w: w, b: b, opt: opt, index: map[*graph.Node]int{}, params: map[string]Tensor{},
 		signs: make([]Tensor, len(g.Nodes)), batches: make([]int64, len(g.Nodes)), plans: map[string]*plan{}}
 	for i, nd := range g.Nodes {
 		e.index[nd] = i
+	}
+	if opt.Checkpoint != NoCheckpointing {
+		segs, err := Segments(g, opt.Checkpoint)
+		if err != nil {
+			return nil, err
+		}
+		e.segments = segs
+		for _, s := range segs {
+			e.segs = append(e.segs, segment{s.Start, s.End})
+		}
 	}
 	for i, nd := range g.Nodes {
 		if err := e.load(i, nd); err != nil {
@@ -313,7 +367,7 @@ func (e *Executor) planFor(shape []int, training bool) (*plan, error) {
 	if p, ok := e.plans[key]; ok {
 		return p, nil
 	}
-	p, err := makePlan(e.g, e.index, shape, training, save, !e.opt.NoRecompute)
+	p, err := makePlanWith(e.g, e.index, shape, planConfig{training: training, save: save, recompute: !e.opt.NoRecompute, segments: e.segs, half: e.opt.Half})
 	if err != nil {
 		return nil, err
 	}
@@ -362,13 +416,16 @@ func (e *Executor) Forward(x *HostTensor, training bool) (*HostTensor, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &run{p: p, roots: make([]Tensor, len(p.storages)), vals: make([]Tensor, p.n), grads: make([]gref, p.n), pgrads: map[string]Tensor{}, temps: map[Tensor]bool{}}
+	r := &run{p: p, roots: make([]Tensor, len(p.storages)), vals: make([]Tensor, p.n), grads: make([]gref, p.n),
+		pgrads: map[string]Tensor{}, temps: map[Tensor]bool{}, recomputed: make([]bool, p.n), step: e.trainSteps}
 	e.run = r
 	e.b.ResetPeak()
 	e.base = e.b.Stats().LiveBytes
 	e.mem = MemoryReport{Backend: e.b.Name(), Training: training, InputShape: append([]int(nil), x.Shape...), ParamBytes: e.paramBytes}
 	e.mem.Layers = make([]LayerMemory, p.n)
+	e.work = WorkReport{}
 	var out *HostTensor
+	// The first n events are the forwards of nodes 0..n-1.
 	for i, nd := range e.g.Nodes {
 		start := time.Now()
 		if err := e.allocStep(r, i); err != nil {
@@ -377,9 +434,10 @@ func (e *Executor) Forward(x *HostTensor, training bool) (*HostTensor, error) {
 		if err := e.bind(r, i); err != nil {
 			return nil, e.fail(fmt.Errorf("runtime: node %s: %w", nd.Name, err))
 		}
-		if err := e.forward(r, i, nd, x); err != nil {
+		if err := e.forward(r, i, nd, x, false); err != nil {
 			return nil, e.fail(fmt.Errorf("runtime: node %s (%s): %w", nd.Name, nd.Op, err))
 		}
+		e.work.ForwardFLOPs += p.flops[i].fwd
 		if i == p.n-1 {
 			out = &HostTensor{Shape: append([]int(nil), p.shapes[e.index[e.g.Output.Producer]]...)}
 			if e.b.Executes() {
@@ -406,7 +464,7 @@ func (e *Executor) Forward(x *HostTensor, training bool) (*HostTensor, error) {
 		e.mem.SavedBytes = st.LiveBytes - e.base
 		for _, si := range p.storages {
 			switch {
-			case si.last >= p.n && si.savedBy >= 0:
+			case si.first < p.n && si.last >= p.n && si.savedBy >= 0:
 				e.mem.Layers[si.savedBy].SavedBytes += si.bytes()
 			case si.kind == kindShared:
 				// Charged to the first group, which allocates them.
@@ -449,16 +507,17 @@ func (e *Executor) freeStep(r *run, step int) error {
 		}
 	}
 	for i, v := range r.vals {
-		if v != nil && r.roots[r.p.store[i]] == nil {
+		if v != nil && r.roots[r.at(i).store] == nil {
 			r.vals[i] = nil
 		}
 	}
 	return nil
 }
 
-// bind sets node i's output handle: its storage, viewed with its shape.
+// bind sets node i's output handle: its storage in the current pass, viewed
+// with its shape.
 func (e *Executor) bind(r *run, i int) error {
-	s := r.p.store[i]
+	s := r.at(i).store
 	root := r.roots[s]
 	if root == nil {
 		return fmt.Errorf("storage of the output is not live (plan bug)")
@@ -480,7 +539,28 @@ func (e *Executor) in(r *run, nd *graph.Node, k int) Tensor {
 	return r.vals[e.index[nd.Inputs[k].Producer]]
 }
 
-func (e *Executor) aux(r *run, i, k int) Tensor { return r.roots[r.p.aux[i][k]] }
+func (e *Executor) aux(r *run, i, k int) Tensor { return r.roots[r.at(i).aux[k]] }
+
+// weight returns the weight node i computes with: the parameter, or under
+// Options.Half its 16-bit copy, which fill (in a forward or a
+// recomputation) first writes from the parameter.
+func (e *Executor) weight(r *run, i int, nd *graph.Node, fill bool) (Tensor, error) {
+	w := e.param(nd, graph.RoleWeight)
+	wc := r.at(i).wcopy
+	if wc < 0 {
+		return w, nil
+	}
+	t := r.roots[wc]
+	if t == nil {
+		return nil, fmt.Errorf("16-bit weight copy is not live (plan bug)")
+	}
+	if fill {
+		if err := e.b.Copy(t, w); err != nil {
+			return nil, fmt.Errorf("16-bit copy of %s: %w", nd.Params[graph.RoleWeight], err)
+		}
+	}
+	return t, nil
+}
 
 func convParams(nd *graph.Node) ConvParams {
 	a := normAttr(nd)
@@ -496,8 +576,9 @@ func normParams(nd *graph.Node) NormParams {
 	return NormParams{Eps: nd.Attr.Eps, AbsWeight: nd.Op == graph.OpInPlaceABN || nd.Op == graph.OpInPlaceABNSync, Act: actOf(nd)}
 }
 
-// forward runs node i.
-func (e *Executor) forward(r *run, i int, nd *graph.Node, x *HostTensor) error {
+// forward runs node i; recompute says it is the rerun of a checkpointed
+// node, which must not update running statistics again.
+func (e *Executor) forward(r *run, i int, nd *graph.Node, x *HostTensor, recompute bool) error {
 	b := e.b
 	y := r.vals[i]
 	switch nd.Op {
@@ -506,12 +587,17 @@ func (e *Executor) forward(r *run, i int, nd *graph.Node, x *HostTensor) error {
 			return b.Upload(y, x.Data)
 		}
 		return nil
-	case graph.OpConv:
-		return b.Conv2d(y, e.in(r, nd, 0), e.param(nd, graph.RoleWeight), e.param(nd, graph.RoleBias), convParams(nd))
-	case graph.OpLinear:
-		return b.Linear(y, e.in(r, nd, 0), e.param(nd, graph.RoleWeight), e.param(nd, graph.RoleBias))
+	case graph.OpConv, graph.OpLinear:
+		w, err := e.weight(r, i, nd, true)
+		if err != nil {
+			return err
+		}
+		if nd.Op == graph.OpConv {
+			return b.Conv2d(y, e.in(r, nd, 0), w, e.param(nd, graph.RoleBias), convParams(nd))
+		}
+		return b.Linear(y, e.in(r, nd, 0), w, e.param(nd, graph.RoleBias))
 	case graph.OpBatchNorm, graph.OpABN, graph.OpInPlaceABN, graph.OpInPlaceABNSync:
-		return e.normalize(r, i, nd, y, e.in(r, nd, 0), true)
+		return e.normalize(r, i, nd, y, e.in(r, nd, 0), !recompute)
 	case graph.OpReLU, graph.OpLeakyReLU, graph.OpELU:
 		return b.Activation(y, e.in(r, nd, 0), actOf(nd))
 	case graph.OpAdd:
@@ -535,7 +621,7 @@ func (e *Executor) forward(r *run, i int, nd *graph.Node, x *HostTensor) error {
 			return nil
 		}
 		mask := e.aux(r, i, 0)
-		if err := b.DropoutMask(mask, nd.Attr.P, DropoutSeed(e.opt.Seed, nd.Name, e.trainSteps)); err != nil {
+		if err := b.DropoutMask(mask, nd.Attr.P, DropoutSeed(e.opt.Seed, nd.Name, r.step)); err != nil {
 			return err
 		}
 		return b.Mul(y, e.in(r, nd, 0), mask)
@@ -613,3 +699,11 @@ func (e *Executor) Memory() MemoryReport {
 	m.Layers = append([]LayerMemory(nil), e.mem.Layers...)
 	return m
 }
+
+// Work reports the arithmetic of the last Forward (and Backward, when one
+// followed it), recomputation apart.
+func (e *Executor) Work() WorkReport { return e.work }
+
+// Segments lists the checkpoint segments Options.Checkpoint chose (nil
+// without checkpointing).
+func (e *Executor) Segments() []Segment { return append([]Segment(nil), e.segments...) }

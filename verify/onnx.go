@@ -11,7 +11,6 @@ import (
 
 	"github.com/abnconvert/abnconvert/graph"
 	"github.com/abnconvert/abnconvert/onnx"
-	"github.com/abnconvert/abnconvert/pth"
 	"github.com/abnconvert/abnconvert/rewrite"
 	"github.com/abnconvert/abnconvert/runtime"
 )
@@ -410,17 +409,3 @@ func onnxInput(opt Options, m *onnx.Model) (*runtime.HostTensor, error) {
 }
 
 func newRand(seed uint64) *rand.Rand { return rand.New(rand.NewPCG(seed, 0x5eed)) }
-
-// stateDictsOnly refuses, with what to do instead, the inputs Run does not
-// read: safetensors files and whole pickled modules.
-func stateDictsOnly(opt Options) error {
-	for _, p := range []string{opt.Original, opt.Converted} {
-		if strings.EqualFold(filepath.Ext(p), ".safetensors") {
-			return fmt.Errorf("%s: verify reads .pth state dicts and ONNX models, not safetensors; convert both sides to .pth (abnconvert convert) and verify those", p)
-		}
-		if globals, err := pth.Scan(p); err == nil && pth.LooksLikeModule(globals) {
-			return fmt.Errorf("%s: a whole pickled module; verify reads state dicts: verify torch.save(model.state_dict()) against the converted state dict", p)
-		}
-	}
-	return nil
-}

@@ -182,17 +182,44 @@ func TestProtoAttributes(t *testing.T) {
 	}
 }
 
-// TestOtherFormatsRefused: verify says what to do with the inputs it does
-// not read.
-func TestOtherFormatsRefused(t *testing.T) {
+// TestOtherFormats: verify reads every state-dict source a conversion
+// reads (safetensors, whole pickled modules, --graph), proves good
+// conversions of them and catches a naive one.
+func TestOtherFormats(t *testing.T) {
 	f4 := filepath.Join("..", "fixtures", "testdata", "formats4")
-	for _, c := range []struct{ orig, want string }{
-		{filepath.Join(f4, "tiny_resnet_basic.safetensors"), "not safetensors"},
-		{filepath.Join(f4, "resnet_module.pth"), "a whole pickled module"},
-	} {
-		_, err := Run(Options{Original: c.orig, Converted: fixture("tiny_resnet_basic")})
-		if err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("%s: %v", c.orig, err)
-		}
+	cases := []struct {
+		name, in, out, graph string
+	}{
+		{"safetensors", filepath.Join(f4, "tiny_resnet_basic.safetensors"), "out.safetensors", ""},
+		{"safetensors to pth", filepath.Join(f4, "tiny_resnet_basic.safetensors"), "out.pth", ""},
+		{"torchvision module", filepath.Join(f4, "resnet_module.pth"), "out.pth", ""},
+		{"Sequential module", filepath.Join(f4, "seq_module.pth"), "out.pth", ""},
+		{"--graph", filepath.Join(f4, "custom.pth"), "out.pth", filepath.Join(f4, "custom.onnx")},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			out := filepath.Join(t.TempDir(), c.out)
+			if _, err := convert.Run(convert.Options{Input: c.in, Output: out, Graph: c.graph}); err != nil {
+				t.Fatal(err)
+			}
+			res, err := Run(Options{Original: c.in, Converted: out, Graph: c.graph, Size: 32})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !res.Preserved {
+				t.Fatalf("not preserved: %v", res.Failed)
+			}
+			// The original as its own "conversion": weights not reparametrised.
+			if c.out == "out.pth" && c.name != "Sequential module" {
+				return
+			}
+			naive, err := Run(Options{Original: c.in, Converted: c.in, Graph: c.graph, Size: 32})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if naive.Preserved {
+				t.Fatal("a naive copy verified")
+			}
+		})
 	}
 }

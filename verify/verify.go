@@ -25,9 +25,8 @@ import (
 	"math/rand/v2"
 	"strings"
 
-	"github.com/abnconvert/abnconvert/arch"
+	"github.com/abnconvert/abnconvert/convert"
 	"github.com/abnconvert/abnconvert/graph"
-	"github.com/abnconvert/abnconvert/pth"
 	"github.com/abnconvert/abnconvert/rewrite"
 	"github.com/abnconvert/abnconvert/runtime"
 )
@@ -37,6 +36,7 @@ type Options struct {
 	Original, Converted string
 	// The conversion's flags: the converted file must be what they give.
 	Arch  string
+	Graph string // an ONNX export that supplies the structure (--graph)
 	ReLU  string
 	Slope float64
 	Sync  bool
@@ -159,56 +159,51 @@ func Run(opt Options) (*Result, error) {
 	if isONNXPath(opt.Original) || isONNXPath(opt.Converted) {
 		return runONNX(opt) // onnx.go
 	}
-	if err := stateDictsOnly(opt); err != nil {
-		return nil, err // onnx.go
-	}
 	newBackend := opt.NewBackend
 	if newBackend == nil {
 		newBackend = func() (runtime.Backend, error) { return runtime.NewCPU(0), nil }
 	}
-	open := func(path string) (*pth.Checkpoint, error) {
-		return pth.Open(path)
-	}
-	orig, err := open(opt.Original)
+	// Every state-dict source a conversion reads (.pth state dict, whole
+	// pickled module, .safetensors; structure recognised, from the module
+	// tree, or from --graph) opens the same way; each open is a fresh view.
+	copt := convert.Options{Arch: opt.Arch, Graph: opt.Graph}
+	open := func() (*convert.Network, error) { return convert.OpenNetwork(opt.Original, copt) }
+	src, err := open()
 	if err != nil {
 		return nil, err
 	}
-	defer orig.Close()
-	conv, err := open(opt.Converted)
+	defer src.Close()
+	convW, closeConv, err := convert.OpenWeights(opt.Converted)
 	if err != nil {
 		return nil, err
 	}
-	defer conv.Close()
-	if err := sameLayout(orig, conv, opt); err != nil {
+	defer closeConv()
+	if err := sameLayout(src.Weights, convW, opt); err != nil {
 		return nil, err
 	}
 
 	// The converted structure: the rewrite re-run on a second, in-memory
 	// view of the original (SetValues never touches the file).
-	overlay, err := open(opt.Original)
+	overlayNet, err := open()
 	if err != nil {
 		return nil, err
 	}
-	defer overlay.Close()
-	gConv, match, err := arch.Recognize(overlay, opt.Arch)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", opt.Original, err)
-	}
-	rep, err := rewrite.Run(gConv, overlay, rewrite.Options{ReLU: opt.ReLU, Slope: opt.Slope, Sync: opt.Sync})
+	defer overlayNet.Close()
+	gConv, match := overlayNet.Graph, overlayNet.Match
+	rep, err := rewrite.Run(gConv, overlayNet.Weights, rewrite.Options{ReLU: opt.ReLU, Slope: opt.Slope, Sync: opt.Sync})
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", opt.Original, err)
 	}
 
 	// The reference: the original with the declared approximations.
-	gRef, _, err := arch.Recognize(orig, opt.Arch)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", opt.Original, err)
-	}
+	gRef := src.Graph
+	orig := src.Weights
 	refW := newOverlay(orig)
 	approx, tiny, err := applyApproximations(gRef, refW, rep, opt.Slope)
 	if err != nil {
 		return nil, err
 	}
+	conv := convW
 
 	x, err := input(opt)
 	if err != nil {
@@ -254,10 +249,12 @@ func Run(opt Options) (*Result, error) {
 	// 2. Drift of the declared approximations against the original.
 	if approx > 0 || tiny > 0 {
 		opt.progress("eval forward of the original network (drift of %d approximated sites, %d tiny-gamma channels)", approx, tiny)
-		gOrig, _, err := arch.Recognize(orig, opt.Arch)
+		plain, err := open()
 		if err != nil {
 			return nil, err
 		}
+		defer plain.Close()
+		gOrig := plain.Graph
 		o, err := mk(gOrig, orig, "original")
 		if err != nil {
 			return nil, err
@@ -569,7 +566,7 @@ func perturb(x *runtime.HostTensor, seed uint64) *runtime.HostTensor {
 
 // sameLayout checks that the converted file holds the original's keys with
 // the original's shapes: a conversion never renames or reshapes.
-func sameLayout(orig, conv *pth.Checkpoint, opt Options) error {
+func sameLayout(orig, conv graph.Weights, opt Options) error {
 	ok, ck := orig.Keys(), conv.Keys()
 	if len(ok) != len(ck) {
 		return fmt.Errorf("%s: %d tensors in the state dict, %s has %d: not a conversion of it", opt.Converted, len(ck), opt.Original, len(ok))

@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# The CUDA backend on a GPU: correctness against the CPU runtime, InPlace-ABN
+# kernel throughput, and training-step memory before and after conversion.
+#
+# Runs from the repo root on the GPU machine, which has PyTorch but no Go:
+# build the two binaries here first, and carry bin/ there.
+#
+#   make cuda cuda-test          # bin/abnconvert-cuda, bin/cuda.test (needs cuda.h)
+#   bash bench/gpu.sh            # on the GPU machine: writes $OUT/gpu.md (bench/gpu.md without $OUT)
+#   bash bench/gpu.sh --dry-run  # anywhere: the CPU parts, small sizes, no GPU needed
+#
+# Steps, each logged to $OUT/gpu.log and summarised in gpu.md:
+#  1. the device, the driver and PyTorch;
+#  2. bin/cuda.test: every op and every fixture network (original and
+#     converted, eval and one training step) on the GPU against the CPU
+#     backend (eval within 1e-4 relative), and the allocator against the
+#     driver's free-memory figure;
+#  3. abnconvert verify --device cuda (and --device cpu) on each fixture;
+#  4. InPlace-ABN forward and backward throughput against the device's copy
+#     bandwidth and against PyTorch's batch norm + leaky ReLU, same tensors;
+#  5. resnet50 and densenet121 (torchvision, random weights): one training
+#     step before and after conversion, in the runtime on the GPU and in
+#     PyTorch (the emitted module).
+# Environment: BATCH (32), SIZE (224), PYTHON (python3), MODELS
+# (resnet50,densenet121), SHAPES (the throughput tensors).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+DRY=0
+[ "${1:-}" = "--dry-run" ] && DRY=1
+OUTDIR=${OUT:-bench}
+mkdir -p "$OUTDIR"
+LOG=$OUTDIR/gpu.log
+MD=$OUTDIR/gpu.md
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+JSONL=$(cd "$OUTDIR" && pwd)/gpu.jsonl
+: >"$JSONL"
+: >"$LOG"
+BIN=bin/abnconvert-cuda
+TEST=bin/cuda.test
+MODELS=${MODELS:-resnet50,densenet121}
+BATCH=${BATCH:-32}
+SIZE=${SIZE:-224}
+SHAPES=${SHAPES:-32x64x112x112,32x256x56x56,32x512x28x28,256x2048x7x7}
+DEVICE=cuda
+if [ $DRY = 1 ]; then
+	# Small sizes on the CPU: checks the plumbing, measures nothing.
+	PYTHON=${PYTHON:-/usr/bin/python3}
+	BATCH=2 SIZE=64 SHAPES=2x8x16x16,2x8x7x7 DEVICE=cpu
+fi
+PYTHON=${PYTHON:-python3}
+
+log() { echo "== $*" | tee -a "$LOG" >&2; }
+run() { # run CMD...: log it and its output; never stop the script
+	echo "\$ $*" >>"$LOG"
+	"$@" >>"$LOG" 2>&1
+	local rc=$?
+	[ $rc = 0 ] || echo "(exit $rc)" >>"$LOG"
+	return $rc
+}
+
+for f in "$BIN" "$TEST"; do
+	if [ ! -x "$f" ]; then
+		echo "$f is missing: build it where Go and the CUDA headers are (make cuda cuda-test) and carry bin/" >&2
+		exit 2
+	fi
+done
+
+log "1. environment"
+{
+	echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+	echo "commit: $(git describe --always --dirty 2>/dev/null || echo unknown)"
+	nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader 2>/dev/null ||
+		echo "nvidia-smi: none"
+} | tee -a "$LOG" >"$WORK/env.txt"
+"$PYTHON" bench/gpu_torch.py env >>"$JSONL" 2>>"$LOG" || echo "PyTorch: not importable by $PYTHON" >>"$WORK/env.txt"
+
+log "2. CUDA backend against the CPU runtime (bin/cuda.test)"
+(cd cuda && ABN_GPU_REPORT="$JSONL" "../$TEST" -test.run 'TestOpenError|TestGPUOpsMatchCPU|TestGPUNetworksMatchCPU|TestGPUMemCheck' \
+	-test.v -test.timeout 300s) >"$WORK/tests.txt" 2>&1
+TESTS_RC=$?
+cat "$WORK/tests.txt" >>"$LOG"
+grep -E '^(--- |ok|PASS|FAIL)' "$WORK/tests.txt" | grep -v '^    ' >"$WORK/tests.sum" || true
+# The per-op table TestGPUOpsMatchCPU logs (worst relative difference).
+grep -E '^\s+compare_test.go:[0-9]+: .{45} [0-9.e+-]+$' "$WORK/tests.txt" | sed -E 's/^\s+compare_test.go:[0-9]+: //' >"$WORK/ops.txt" || true
+
+log "3. abnconvert verify --device cuda / cpu on the fixtures"
+: >"$WORK/verify.txt"
+for f in fixtures/testdata/tiny_*.pth; do
+	n=$(basename "$f" .pth)
+	run "$BIN" convert -i "$f" -o "$WORK/$n.abn.pth" --force --quiet || { echo "| $n | convert failed | |" >>"$WORK/verify.txt"; continue; }
+	line="| $n |"
+	for dev in cuda cpu; do
+		out=$("$BIN" verify --original "$f" --converted "$WORK/$n.abn.pth" --device $dev --quiet 2>&1)
+		rc=$?
+		echo "\$ verify $n --device $dev (exit $rc)" >>"$LOG"
+		echo "$out" >>"$LOG"
+		eval_rel=$(echo "$out" | sed -n 's/.*eval output *rel \([0-9.e+-]*\).*/\1/p' | head -1)
+		case $rc in
+		0) verdict=preserved ;;
+		1) verdict="NOT preserved: $(echo "$out" | tail -1 | sed 's/^NOT PRESERVED: //' | cut -c1-80)" ;;
+		*) verdict="error: $(echo "$out" | tail -1 | sed 's/^abnconvert: //' | cut -c1-100)" ;;
+		esac
+		line="$line $verdict (eval output rel ${eval_rel:-n/a}) |"
+	done
+	echo "$line" >>"$WORK/verify.txt"
+done
+
+log "4. InPlace-ABN throughput"
+if [ $DRY = 0 ]; then
+	(cd cuda && ABN_GPU_BENCH=1 ABN_GPU_REPORT="$JSONL" "../$TEST" -test.run 'TestGPUThroughput' -test.v -test.timeout 300s) >>"$LOG" 2>&1 ||
+		echo "(TestGPUThroughput failed: see gpu.log)" >>"$WORK/notes.txt"
+fi
+run "$PYTHON" bench/gpu_torch.py throughput --shapes "$SHAPES" --device $DEVICE
+grep '"kind": "torch_throughput"' "$LOG" >>"$JSONL" || true
+
+log "5. training-step memory: $MODELS, batch $BATCH, ${SIZE}x$SIZE"
+run "$PYTHON" bench/gpu_torch.py checkpoints --out "$WORK" --models "$MODELS"
+CKPTS=""
+for m in ${MODELS//,/ }; do
+	[ -f "$WORK/$m.pth" ] || continue
+	CKPTS="${CKPTS:+$CKPTS,}$WORK/$m.pth"
+	run "$BIN" convert -i "$WORK/$m.pth" -o "$WORK/${m}_abn.pth" --emit-module "$WORK/${m}_abn.py" --force --quiet
+	run "$BIN" memory --device cuda --batch "$BATCH" --size "$SIZE" "$WORK/$m.pth"
+	run "$PYTHON" bench/gpu_torch.py memory --model "$m" --checkpoint "$WORK/$m.pth" --converted "$WORK/${m}_abn.pth" \
+		--module "$WORK/${m}_abn.py" --batch "$BATCH" --size "$SIZE" --device $DEVICE
+done
+grep '"kind": "torch_memory"' "$LOG" >>"$JSONL" || true
+if [ $DRY = 0 ] && [ -n "$CKPTS" ]; then
+	(cd cuda && ABN_GPU_CHECKPOINTS="$CKPTS" ABN_GPU_BATCH=$BATCH ABN_GPU_SIZE=$SIZE ABN_GPU_REPORT="$JSONL" \
+		"../$TEST" -test.run 'TestGPUTrainingMemory' -test.v -test.timeout 500s) >>"$LOG" 2>&1 ||
+		echo "(TestGPUTrainingMemory failed: see gpu.log)" >>"$WORK/notes.txt"
+fi
+
+log "report: $MD"
+{
+	echo "# The CUDA backend on a GPU"
+	echo
+	echo "Written by \`bash bench/gpu.sh$([ $DRY = 1 ] && echo ' --dry-run')\`; the full log is gpu.log, the measurements gpu.jsonl."
+	[ $DRY = 1 ] && echo "DRY RUN: no GPU; the CPU parts at small sizes, to check the script. Nothing here is a GPU measurement."
+	echo
+	echo '```'
+	cat "$WORK/env.txt"
+	grep '"kind": "torch_env"' "$JSONL" || true
+	grep '"kind": "device"' "$JSONL" || true
+	echo '```'
+	echo
+	echo "## Tests (bin/cuda.test, exit $TESTS_RC)"
+	echo
+	echo '```'
+	cat "$WORK/tests.sum"
+	echo '```'
+	if [ -s "$WORK/ops.txt" ]; then
+		echo
+		echo "Worst relative difference from the CPU backend, per op case (limit 2e-5):"
+		echo
+		echo '```'
+		cat "$WORK/ops.txt"
+		echo '```'
+	fi
+	echo
+	echo "## abnconvert verify on the fixtures"
+	echo
+	echo "| fixture | --device cuda | --device cpu |"
+	echo "|---|---|---|"
+	cat "$WORK/verify.txt"
+	echo
+	"$PYTHON" bench/gpu_torch.py render --jsonl "$JSONL" 2>>"$LOG" || echo "(render failed: see gpu.log)"
+	if [ -s "$WORK/notes.txt" ]; then
+		echo
+		cat "$WORK/notes.txt"
+	fi
+} >"$MD"
+cat "$MD"

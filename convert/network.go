@@ -1,0 +1,63 @@
+package convert
+
+import (
+	"fmt"
+
+	"github.com/abnconvert/abnconvert/arch"
+	"github.com/abnconvert/abnconvert/graph"
+)
+
+// Network is an input opened with its structure, from any source a
+// conversion reads as a state dict: a .pth state dict, a whole pickled
+// module, or a .safetensors file, with the structure recognised, taken from
+// the module tree, or read from opt.Graph. verify and memory run it.
+type Network struct {
+	Graph   *graph.Graph
+	Weights graph.Weights
+	Match   *arch.Match
+	Format  string
+	src     *source
+}
+
+// OpenNetwork opens path and builds its graph (opt.Arch and opt.Graph as
+// for a conversion). Each call gives a fresh view of the weights: changes
+// through SetValues stay in memory and in that view.
+func OpenNetwork(path string, opt Options) (*Network, error) {
+	if opt.Arch == "" {
+		opt.Arch = "auto"
+	}
+	s, err := openSource(path)
+	if err != nil {
+		return nil, err
+	}
+	g, m, err := structure(s, opt)
+	if err != nil {
+		s.close()
+		return nil, wrapPath(path, err)
+	}
+	return &Network{Graph: g, Weights: s.w, Match: m, Format: s.format, src: s}, nil
+}
+
+// OpenWeights opens the state dict of path, in any format OpenNetwork
+// reads, without building a graph: a converted file's weights.
+func OpenWeights(path string) (graph.Weights, func(), error) {
+	s, err := openSource(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	return s.w, s.close, nil
+}
+
+// Close releases the input file.
+func (n *Network) Close() { n.src.close() }
+
+// wrapPath prefixes an error with the file it concerns, once.
+func wrapPath(path string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if len(err.Error()) >= len(path) && err.Error()[:len(path)] == path {
+		return err
+	}
+	return fmt.Errorf("%s: %w", path, err)
+}

@@ -1,0 +1,142 @@
+//go:build cuda || cudaemu
+
+package cuda
+
+import (
+	"math"
+	"sort"
+	"testing"
+
+	"github.com/abnconvert/abnconvert/runtime"
+)
+
+// Comparisons of the CUDA backend with the CPU backend, shared by the
+// emulator's tests (cudaemu) and the GPU's (cuda).
+
+// rel is the largest absolute difference of got from want, relative to
+// want's largest magnitude (absolute when want is all zeros).
+func rel(got, want []float32) (float64, int) { return relFloor(got, want, 0) }
+
+// relFloor is rel with the scale at least floor: a gradient that is zero
+// up to rounding (a bias before a batch norm) is compared against the
+// scale of the network's other gradients, not against its own noise.
+func relFloor(got, want []float32, floor float64) (float64, int) {
+	var d, scale float64
+	at := -1
+	for i := range want {
+		a, b := float64(got[i]), float64(want[i])
+		if math.IsNaN(a) != math.IsNaN(b) {
+			return math.Inf(1), i
+		}
+		if math.IsNaN(b) {
+			continue
+		}
+		if e := math.Abs(a - b); e > d {
+			d, at = e, i
+		}
+		scale = math.Max(scale, math.Abs(b))
+	}
+	scale = math.Max(scale, floor)
+	if scale == 0 {
+		return d, at
+	}
+	return d / scale, at
+}
+
+func download(t testing.TB, b runtime.Backend, x runtime.Tensor) []float32 {
+	t.Helper()
+	v := make([]float32, numel(x.Shape()))
+	if err := b.Download(x, v); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// compareOps runs every op case on the CPU backend and on a CUDA backend
+// from newB, and compares every tensor the case made, inputs included (a
+// kernel writing outside its output shows up as a changed input).
+func compareOps(t *testing.T, newB func(testing.TB) *Backend) {
+	worst := map[string]float64{}
+	for _, c := range opCases {
+		t.Run(c.name, func(t *testing.T) {
+			cm := newMk(t, runtime.NewCPU(1))
+			if err := c.run(cm); err != nil {
+				t.Fatalf("cpu: %v", err)
+			}
+			em := newMk(t, newB(t))
+			if err := c.run(em); err != nil {
+				t.Fatalf("cuda: %v", err)
+			}
+			if len(cm.made) != len(em.made) {
+				t.Fatalf("%d tensors on the CPU, %d on the CUDA backend", len(cm.made), len(em.made))
+			}
+			for k := range cm.made {
+				want, got := download(t, cm.b, cm.made[k]), download(t, em.b, em.made[k])
+				r, at := rel(got, want)
+				worst[c.name] = math.Max(worst[c.name], r)
+				if r > 2e-5 {
+					t.Errorf("tensor %d %v: relative difference %.3g at %d (cuda %g, cpu %g)", k, cm.made[k].Shape(), r, at, got[at], want[at])
+				}
+			}
+		})
+	}
+	names := make([]string, 0, len(worst))
+	for k := range worst {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	for _, k := range names {
+		t.Logf("%-45s %.2e", k, worst[k])
+	}
+}
+
+// compareNetworks runs every fixture network, original and converted,
+// through one eval forward and one training step on the CPU backend and on
+// a CUDA backend from newB. The
+// training tolerance is verify's floor (5e-3): the converted fixtures have
+// channels with |gamma| < eps on purpose, and InPlace-ABN's backward
+// divides by gamma, which magnifies float32 rounding there.
+func compareNetworks(t *testing.T, newB func(testing.TB) *Backend, x *runtime.HostTensor) map[string]map[string]float64 {
+	worst := map[string]map[string]float64{}
+	for _, n := range fixtureNets(t) {
+		t.Run(n.name, func(t *testing.T) {
+			want := runStep(t, n, runtime.NewCPU(2), x)
+			b := newB(t)
+			got := runStep(t, n, b, x)
+			gradScale := 0.0
+			for _, w := range want.grads {
+				for _, v := range w {
+					gradScale = math.Max(gradScale, math.Abs(float64(v)))
+				}
+			}
+			w := map[string]float64{}
+			worst[n.name] = w
+			// check compares one result; group names the row of the
+			// summary it counts in.
+			check := func(group, what string, g, ref []float32, tol, floor float64) {
+				t.Helper()
+				if len(g) != len(ref) {
+					t.Errorf("%s: %d values, cpu %d", what, len(g), len(ref))
+					w[group] = math.Inf(1)
+					return
+				}
+				r, at := relFloor(g, ref, floor)
+				w[group] = math.Max(w[group], r)
+				if r > tol {
+					t.Errorf("%s: relative difference %.3g at %d (cuda %g, cpu %g)", what, r, at, g[at], ref[at])
+				}
+			}
+			check("eval_output", "eval output", got.evalOut.Data, want.evalOut.Data, 1e-4, 0)
+			check("train_output", "training output", got.out.Data, want.out.Data, 1e-4, 0)
+			check("input_gradient", "input gradient", got.dx.Data, want.dx.Data, 5e-3, 0)
+			for k, ref := range want.grads {
+				check("parameter_gradients", "gradient "+k, got.grads[k], ref, 5e-3, 1e-3*gradScale)
+			}
+			for k, ref := range want.running {
+				check("running_statistics", "running "+k, got.running[k], ref, 1e-4, 0)
+			}
+			t.Logf("%s: %s; worst relative differences %v", n.name, summary(got.train), w)
+		})
+	}
+	return worst
+}

@@ -1,0 +1,302 @@
+package cuda
+
+import (
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/abnconvert/abnconvert/runtime"
+)
+
+// mk allocates tensors on one backend, filled with values drawn from a
+// fixed seed (the same values on every backend that runs the same case).
+type mk struct {
+	t *testing.T
+	b runtime.Backend
+	r *rand.Rand
+	// made lists every tensor allocated, for comparing backends.
+	made []runtime.Tensor
+}
+
+func newMk(t *testing.T, b runtime.Backend) *mk {
+	return &mk{t: t, b: b, r: rand.New(rand.NewPCG(7, 11))}
+}
+
+func (m *mk) f(shape ...int) runtime.Tensor {
+	m.t.Helper()
+	x, err := m.b.Alloc(shape, runtime.Float32)
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	m.made = append(m.made, x)
+	v := make([]float32, numel(shape))
+	for i := range v {
+		v[i] = float32(m.r.NormFloat64())
+	}
+	if m.b.Executes() {
+		if err := m.b.Upload(x, v); err != nil {
+			m.t.Fatal(err)
+		}
+	}
+	return x
+}
+
+// pos is f with positive values (variances).
+func (m *mk) pos(shape ...int) runtime.Tensor {
+	m.t.Helper()
+	x := m.f(shape...)
+	v := make([]float32, numel(shape))
+	for i := range v {
+		v[i] = 0.25 + m.r.Float32()
+	}
+	if err := m.b.Upload(x, v); err != nil {
+		m.t.Fatal(err)
+	}
+	return x
+}
+
+// sign is a ±1 vector.
+func (m *mk) sign(c int) runtime.Tensor {
+	m.t.Helper()
+	x := m.f(c)
+	v := make([]float32, c)
+	for i := range v {
+		v[i] = 1
+		if m.r.IntN(2) == 0 {
+			v[i] = -1
+		}
+	}
+	if err := m.b.Upload(x, v); err != nil {
+		m.t.Fatal(err)
+	}
+	return x
+}
+
+func (m *mk) i(shape ...int) runtime.Tensor {
+	m.t.Helper()
+	x, err := m.b.Alloc(shape, runtime.Int64)
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	m.made = append(m.made, x)
+	if err := m.b.Upload(x, make([]float32, numel(shape))); err != nil {
+		m.t.Fatal(err)
+	}
+	return x
+}
+
+var (
+	leaky = runtime.Act{Kind: runtime.ActLeakyReLU, Param: 0.01}
+	elu   = runtime.Act{Kind: runtime.ActELU, Param: 1}
+	conv3 = runtime.ConvParams{Stride: [2]int{1, 1}, Padding: [2]int{1, 1}, Dilation: [2]int{1, 1}, Groups: 1}
+	conv1 = runtime.ConvParams{Stride: [2]int{1, 1}, Dilation: [2]int{1, 1}, Groups: 1}
+	// A strided, dilated, grouped, asymmetric one.
+	convOdd = runtime.ConvParams{Stride: [2]int{2, 1}, Padding: [2]int{2, 0}, Dilation: [2]int{2, 1}, Groups: 2}
+	pool3   = runtime.PoolParams{Kernel: [2]int{3, 3}, Stride: [2]int{2, 2}, Padding: [2]int{1, 1}}
+	poolAvg = runtime.PoolParams{Kernel: [2]int{3, 2}, Stride: [2]int{2, 2}, Padding: [2]int{1, 0}, CeilMode: true}
+	nLeaky  = runtime.NormParams{Eps: 1e-5, AbsWeight: true, Act: leaky}
+	nPlain  = runtime.NormParams{Eps: 1e-5}
+)
+
+// opCase is one backend call. ops lists the kernels the CUDA backend
+// launches for it, in order.
+type opCase struct {
+	name string
+	run  func(m *mk) error
+	ops  string
+}
+
+// opCases covers every op of runtime.Backend, on shapes with float4-able
+// planes and without, strided and grouped convolutions, the sign vector,
+// nil weights, biases and outputs. The emulator tests run the same cases
+// and compare values with the CPU backend.
+var opCases = []opCase{
+	{"copy", func(m *mk) error { return m.b.Copy(m.f(2, 3, 5), m.f(2, 3, 5)) }, ""},
+	{"sum of three", func(m *mk) error { return m.b.Sum(m.f(2, 3, 5, 5), m.f(2, 3, 5, 5), m.f(2, 3, 5, 5), m.f(2, 3, 5, 5)) }, "ew_add ew_acc"},
+	{"sum of two, float4", func(m *mk) error { return m.b.Sum(m.f(2, 8, 4, 4), m.f(2, 8, 4, 4), m.f(2, 8, 4, 4)) }, "ew_add"},
+	{"sum of one", func(m *mk) error { return m.b.Sum(m.f(7), m.f(7)) }, ""},
+	{"accumulate", func(m *mk) error { return m.b.Accumulate(m.f(1031), m.f(1031)) }, "ew_acc"},
+	{"mul", func(m *mk) error { return m.b.Mul(m.f(2, 3, 3), m.f(2, 3, 3), m.f(2, 3, 3)) }, "ew_mul"},
+	{"leaky relu", func(m *mk) error { return m.b.Activation(m.f(3, 4, 7), m.f(3, 4, 7), leaky) }, "ew_act"},
+	{"relu in place", func(m *mk) error {
+		x := m.f(2, 16, 4, 4)
+		return m.b.Activation(x, x, runtime.Act{Kind: runtime.ActReLU})
+	}, "ew_act"},
+	{"elu", func(m *mk) error { return m.b.Activation(m.f(9), m.f(9), elu) }, "ew_act"},
+	{"relu backward", func(m *mk) error {
+		return m.b.ActivationBackward(m.f(2, 5, 3), m.f(2, 5, 3), m.f(2, 5, 3), runtime.Act{Kind: runtime.ActReLU}, false)
+	}, "ew_act_bwd"},
+	{"elu backward from output", func(m *mk) error { return m.b.ActivationBackward(m.f(4, 8), m.f(4, 8), m.f(4, 8), elu, true) }, "ew_act_bwd"},
+	{"elu backward from input", func(m *mk) error { return m.b.ActivationBackward(m.f(4, 9), m.f(4, 9), m.f(4, 9), elu, false) }, "ew_act_bwd"},
+	{"leaky backward in place", func(m *mk) error {
+		g := m.f(2, 8, 4, 4)
+		return m.b.ActivationBackward(g, g, m.f(2, 8, 4, 4), leaky, true)
+	}, "ew_act_bwd"},
+	{"dropout", func(m *mk) error { return m.b.DropoutMask(m.f(3, 1001), 0.3, 12345) }, "ew_dropout"},
+	{"dropout p=1", func(m *mk) error { return m.b.DropoutMask(m.f(3, 11), 1, 1) }, ""},
+	{"concat", func(m *mk) error { return m.b.Concat(m.f(2, 8, 4, 4), m.f(2, 3, 4, 4), m.f(2, 5, 4, 4)) }, "ew_slices ew_slices"},
+	{"concat, odd planes", func(m *mk) error {
+		return m.b.Concat(m.f(3, 7, 3, 3), m.f(3, 3, 3, 3), m.f(3, 1, 3, 3), m.f(3, 3, 3, 3))
+	}, "ew_slices ew_slices ew_slices"},
+	{"split", func(m *mk) error { return m.b.Split(m.f(2, 8, 4, 4), m.f(2, 3, 4, 4), m.f(2, 5, 4, 4)) }, "ew_slices ew_slices"},
+	{"conv 3x3 with bias", func(m *mk) error { return m.b.Conv2d(m.f(2, 5, 6, 7), m.f(2, 3, 6, 7), m.f(5, 3, 3, 3), m.f(5), conv3) }, "im2col sgemm bias_add"},
+	{"conv 1x1", func(m *mk) error { return m.b.Conv2d(m.f(2, 4, 5, 5), m.f(2, 6, 5, 5), m.f(4, 6, 1, 1), nil, conv1) }, "sgemm"},
+	{"conv grouped, strided, dilated", func(m *mk) error {
+		return m.b.Conv2d(m.f(2, 6, 5, 7), m.f(2, 4, 9, 8), m.f(6, 2, 3, 2), nil, convOdd)
+	}, "im2col sgemm im2col sgemm"},
+	{"conv backward", func(m *mk) error {
+		return m.b.Conv2dBackward(m.f(2, 3, 6, 7), m.f(5, 3, 3, 3), m.f(5), m.f(2, 5, 6, 7), m.f(2, 3, 6, 7), m.f(5, 3, 3, 3), conv3)
+	}, "chan_sum im2col sgemm batch_sum sgemm col2im"},
+	{"conv backward grouped", func(m *mk) error {
+		return m.b.Conv2dBackward(m.f(2, 4, 9, 8), m.f(6, 2, 3, 2), nil, m.f(2, 6, 5, 7), m.f(2, 4, 9, 8), m.f(6, 2, 3, 2), convOdd)
+	}, "im2col sgemm batch_sum sgemm col2im im2col sgemm batch_sum sgemm col2im"},
+	{"conv backward 1x1", func(m *mk) error {
+		return m.b.Conv2dBackward(m.f(2, 6, 5, 5), m.f(4, 6, 1, 1), nil, m.f(2, 4, 5, 5), m.f(2, 6, 5, 5), m.f(4, 6, 1, 1), conv1)
+	}, "sgemm batch_sum sgemm"},
+	{"conv backward, input gradient only", func(m *mk) error {
+		return m.b.Conv2dBackward(m.f(2, 3, 6, 7), nil, nil, m.f(2, 5, 6, 7), m.f(2, 3, 6, 7), m.f(5, 3, 3, 3), conv3)
+	}, "sgemm col2im"},
+	{"linear", func(m *mk) error { return m.b.Linear(m.f(3, 10), m.f(3, 70), m.f(10, 70), m.f(10)) }, "sgemm bias_add"},
+	{"linear backward", func(m *mk) error {
+		return m.b.LinearBackward(m.f(3, 70), m.f(10, 70), m.f(10), m.f(3, 10), m.f(3, 70), m.f(10, 70))
+	}, "sgemm sgemm chan_sum"},
+	{"batch stats", func(m *mk) error { return m.b.BatchStats(m.f(6), m.f(6), m.f(3, 6, 5, 4), nil) }, "bn_stats bn_stats_final"},
+	{"batch stats, sign, odd planes", func(m *mk) error { return m.b.BatchStats(m.f(6), m.f(6), m.f(3, 6, 5, 3), m.sign(6)) }, "bn_stats bn_stats_final"},
+	{"update running", func(m *mk) error { return m.b.UpdateRunning(m.f(6), m.pos(6), m.f(6), m.pos(6), 0.1, 60) }, "bn_update_running"},
+	{"normalize", func(m *mk) error {
+		return m.b.Normalize(m.f(2, 6, 4, 4), m.f(2, 6, 4, 4), nil, m.f(6), m.pos(6), m.f(6), m.f(6), nPlain)
+	}, "bn_coeffs bn_apply"},
+	{"inplace abn forward", func(m *mk) error {
+		x := m.f(2, 6, 3, 5)
+		return m.b.Normalize(x, x, m.sign(6), m.f(6), m.pos(6), m.f(6), m.f(6), nLeaky)
+	}, "bn_coeffs bn_apply"},
+	{"normalize without affine", func(m *mk) error {
+		return m.b.Normalize(m.f(2, 6, 4, 4), m.f(2, 6, 4, 4), nil, m.f(6), m.pos(6), nil, nil, runtime.NormParams{Eps: 1e-3, Act: runtime.Act{Kind: runtime.ActReLU}})
+	}, "bn_coeffs bn_apply"},
+	{"normalize backward, training", func(m *mk) error {
+		return m.b.NormalizeBackward(m.f(2, 6, 4, 4), m.f(6), m.f(6), m.f(2, 6, 4, 4), m.f(2, 6, 4, 4), nil, m.f(6), m.pos(6), m.f(6), nPlain, true)
+	}, "bn_bwd_reduce bn_bwd_final bn_bwd_apply"},
+	{"normalize backward, eval, sign, abs weight", func(m *mk) error {
+		return m.b.NormalizeBackward(m.f(2, 6, 5, 3), m.f(6), m.f(6), m.f(2, 6, 5, 3), m.f(2, 6, 5, 3), m.sign(6), m.f(6), m.pos(6), m.f(6),
+			runtime.NormParams{Eps: 1e-5, AbsWeight: true}, false)
+	}, "bn_bwd_reduce bn_bwd_final bn_bwd_apply"},
+	{"normalize backward, parameters only", func(m *mk) error {
+		return m.b.NormalizeBackward(nil, m.f(6), m.f(6), m.f(2, 6, 4, 4), m.f(2, 6, 4, 4), nil, m.f(6), m.pos(6), m.f(6), nPlain, true)
+	}, "bn_bwd_reduce bn_bwd_final"},
+	{"inplace abn backward", func(m *mk) error {
+		dz := m.f(2, 6, 4, 4)
+		return m.b.NormalizeBackwardFromOutput(dz, m.f(6), m.f(6), dz, m.f(2, 6, 4, 4), m.sign(6), m.pos(6), m.f(6), m.f(6), nLeaky, true)
+	}, "bn_bwd_reduce bn_bwd_final bn_bwd_apply"},
+	{"inplace abn backward, elu, odd planes, eval", func(m *mk) error {
+		return m.b.NormalizeBackwardFromOutput(m.f(3, 6, 3, 3), m.f(6), m.f(6), m.f(3, 6, 3, 3), m.f(3, 6, 3, 3), nil, m.pos(6), m.f(6), nil,
+			runtime.NormParams{Eps: 1e-5, AbsWeight: true, Act: elu}, false)
+	}, "bn_bwd_reduce bn_bwd_final bn_bwd_apply"},
+	{"max pool", func(m *mk) error { return m.b.MaxPool(m.f(2, 3, 4, 5), m.i(2, 3, 4, 5), m.f(2, 3, 7, 9), pool3) }, "maxpool"},
+	{"max pool without indices", func(m *mk) error { return m.b.MaxPool(m.f(2, 3, 4, 5), nil, m.f(2, 3, 7, 9), pool3) }, "maxpool"},
+	{"max pool backward", func(m *mk) error {
+		idx := m.i(2, 3, 4, 5)
+		if err := m.b.MaxPool(m.f(2, 3, 4, 5), idx, m.f(2, 3, 7, 9), pool3); err != nil {
+			return err
+		}
+		return m.b.MaxPoolBackward(m.f(2, 3, 7, 9), m.f(2, 3, 4, 5), idx)
+	}, "maxpool maxpool_bwd"},
+	{"avg pool", func(m *mk) error { return m.b.AvgPool(m.f(2, 3, 5, 4), m.f(2, 3, 8, 7), poolAvg) }, "avgpool"},
+	{"avg pool backward", func(m *mk) error { return m.b.AvgPoolBackward(m.f(2, 3, 8, 7), m.f(2, 3, 5, 4), poolAvg) }, "avgpool_bwd"},
+	{"avg pool with pad counted", func(m *mk) error {
+		p := poolAvg
+		p.CountIncludePad = true
+		return m.b.AvgPool(m.f(2, 3, 5, 4), m.f(2, 3, 8, 7), p)
+	}, "avgpool"},
+	{"adaptive pool", func(m *mk) error { return m.b.AdaptiveAvgPool(m.f(2, 3, 3, 2), m.f(2, 3, 7, 5)) }, "adaptive_pool"},
+	{"adaptive pool up", func(m *mk) error { return m.b.AdaptiveAvgPool(m.f(2, 3, 5, 4), m.f(2, 3, 3, 2)) }, "adaptive_pool"},
+	{"adaptive pool backward", func(m *mk) error { return m.b.AdaptiveAvgPoolBackward(m.f(2, 3, 7, 5), m.f(2, 3, 3, 2)) }, "adaptive_pool_bwd"},
+	{"global pool backward", func(m *mk) error { return m.b.AdaptiveAvgPoolBackward(m.f(2, 3, 7, 5), m.f(2, 3, 1, 1)) }, "adaptive_pool_bwd"},
+}
+
+// TestOpsLaunch runs every case on the fake device: each returns no error
+// and launches the kernels it should, each launch checked by the fake.
+func TestOpsLaunch(t *testing.T) {
+	for _, c := range opCases {
+		t.Run(c.name, func(t *testing.T) {
+			b, dev := newFakeBackend(t)
+			m := newMk(t, b)
+			dev.reset()
+			if err := c.run(m); err != nil {
+				t.Fatal(err)
+			}
+			if got := strings.Join(dev.names(), " "); got != c.ops {
+				t.Errorf("launched %q, want %q", got, c.ops)
+			}
+		})
+	}
+}
+
+// TestOpErrors: calls the CPU backend refuses, the CUDA backend refuses
+// too, with an error rather than a launch.
+func TestOpErrors(t *testing.T) {
+	cases := []struct {
+		name string
+		run  func(m *mk) error
+	}{
+		{"copy lengths", func(m *mk) error { return m.b.Copy(m.f(3), m.f(4)) }},
+		{"accumulate lengths", func(m *mk) error { return m.b.Accumulate(m.f(3), m.f(4)) }},
+		{"activation lengths", func(m *mk) error { return m.b.Activation(m.f(3), m.f(4), leaky) }},
+		{"conv output size", func(m *mk) error { return m.b.Conv2d(m.f(2, 5, 5, 7), m.f(2, 3, 6, 7), m.f(5, 3, 3, 3), nil, conv3) }},
+		{"conv groups", func(m *mk) error {
+			p := conv3
+			p.Groups = 2
+			return m.b.Conv2d(m.f(2, 5, 6, 7), m.f(2, 3, 6, 7), m.f(5, 3, 3, 3), nil, p)
+		}},
+		{"conv bias", func(m *mk) error { return m.b.Conv2d(m.f(2, 5, 6, 7), m.f(2, 3, 6, 7), m.f(5, 3, 3, 3), m.f(4), conv3) }},
+		{"conv backward gradient shape", func(m *mk) error {
+			return m.b.Conv2dBackward(m.f(2, 3, 6, 6), nil, nil, m.f(2, 5, 6, 7), m.f(2, 3, 6, 7), m.f(5, 3, 3, 3), conv3)
+		}},
+		{"linear shapes", func(m *mk) error { return m.b.Linear(m.f(3, 10), m.f(3, 70), m.f(10, 71), nil) }},
+		{"linear bias", func(m *mk) error { return m.b.Linear(m.f(3, 10), m.f(3, 70), m.f(10, 70), m.f(9)) }},
+		{"normalize vector length", func(m *mk) error {
+			return m.b.Normalize(m.f(2, 6, 4, 4), m.f(2, 6, 4, 4), nil, m.f(5), m.pos(6), nil, nil, nPlain)
+		}},
+		{"normalize without channels", func(m *mk) error { return m.b.BatchStats(m.f(1), m.f(1), m.f(6), nil) }},
+		{"running variance from one value", func(m *mk) error { return m.b.UpdateRunning(m.f(6), m.f(6), m.f(6), m.f(6), 0.1, 1) }},
+		{"backward from input with an activation", func(m *mk) error {
+			return m.b.NormalizeBackward(m.f(2, 6, 4, 4), nil, nil, m.f(2, 6, 4, 4), m.f(2, 6, 4, 4), nil, m.f(6), m.pos(6), nil, nLeaky, true)
+		}},
+		{"inplace abn backward through relu", func(m *mk) error {
+			return m.b.NormalizeBackwardFromOutput(m.f(2, 6, 4, 4), nil, nil, m.f(2, 6, 4, 4), m.f(2, 6, 4, 4), nil, m.pos(6), nil, nil,
+				runtime.NormParams{Eps: 1e-5, Act: runtime.Act{Kind: runtime.ActReLU}}, true)
+		}},
+		{"inplace abn backward, slope 0", func(m *mk) error {
+			return m.b.NormalizeBackwardFromOutput(m.f(2, 6, 4, 4), nil, nil, m.f(2, 6, 4, 4), m.f(2, 6, 4, 4), nil, m.pos(6), nil, nil,
+				runtime.NormParams{Eps: 1e-5, Act: runtime.Act{Kind: runtime.ActLeakyReLU}}, true)
+		}},
+		{"max pool index type", func(m *mk) error { return m.b.MaxPool(m.f(2, 3, 4, 5), m.f(2, 3, 4, 5), m.f(2, 3, 7, 9), pool3) }},
+		{"max pool backward index count", func(m *mk) error { return m.b.MaxPoolBackward(m.f(2, 3, 7, 9), m.f(2, 3, 4, 5), m.i(2, 3, 4, 4)) }},
+		{"pool of 3-d tensors", func(m *mk) error { return m.b.AvgPool(m.f(3, 4, 5), m.f(3, 8, 7), poolAvg) }},
+		{"pool planes", func(m *mk) error { return m.b.AdaptiveAvgPool(m.f(2, 4, 1, 1), m.f(2, 3, 7, 5)) }},
+		{"concat channels", func(m *mk) error { return m.b.Concat(m.f(2, 9, 4, 4), m.f(2, 3, 4, 4), m.f(2, 5, 4, 4)) }},
+		{"concat planes", func(m *mk) error { return m.b.Concat(m.f(2, 8, 4, 4), m.f(2, 3, 4, 4), m.f(2, 5, 4, 3)) }},
+		{"float32 op on int64", func(m *mk) error { return m.b.Activation(m.i(4), m.i(4), leaky) }},
+	}
+	// Calls the CPU backend panics on rather than refusing (runtime's
+	// planes() slices shape[2:] of a 1-d shape): not run there.
+	cpuPanics := map[string]bool{"normalize without channels": true}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if cpuPanics[c.name] {
+				// Not run on the CPU backend.
+			} else if err := c.run(newMk(t, runtime.NewCPU(1))); err == nil {
+				t.Fatalf("the CPU backend accepts it: fix the case")
+			}
+			b, dev := newFakeBackend(t)
+			m := newMk(t, b)
+			dev.reset()
+			err := c.run(m)
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			if n := len(dev.names()); n > 0 {
+				t.Errorf("%v, after launching %v", err, dev.names())
+			}
+		})
+	}
+}
