@@ -5,7 +5,7 @@ BIN     := bin/abnconvert
 VERSION := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X github.com/abnconvert/abnconvert/command.Version=$(VERSION)
 
-.PHONY: build demo test gotest pytest interop interop-big verify-fixtures deps fixtures bench clean
+.PHONY: build demo test gotest pytest interop interop-big verify-fixtures deps fixtures bench clean cuda cuda-test cuda-emu ptx gpu-bench
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/abnconvert
@@ -62,6 +62,27 @@ fixtures:
 
 bench: build
 	bash bench/convert.sh
+
+# The CUDA build (needs cuda.h; links no CUDA library, see cuda/README.md).
+cuda:
+	$(GO) build -tags cuda -ldflags "$(LDFLAGS)" -o bin/abnconvert-cuda ./cmd/abnconvert
+
+# The GPU test and benchmark binary that bench/gpu.sh runs on the GPU
+# machine, which has no Go.
+cuda-test:
+	$(GO) test -c -tags cuda -o bin/cuda.test ./cuda
+
+# The kernels' arithmetic against the CPU backend, on the CPU (needs g++).
+cuda-emu:
+	$(GO) test -tags cudaemu ./cuda/
+
+# Regenerate the committed PTX after editing cuda/kernels/*.cu (needs nvcc).
+ptx:
+	cd cuda/kernels && for f in *.cu; do nvcc -arch=compute_70 -ptx -o $${f%.cu}.ptx $$f || exit 1; done
+
+# On the GPU machine, from the repo root, with bin/ carried there.
+gpu-bench:
+	bash bench/gpu.sh
 
 clean:
 	rm -rf bin out

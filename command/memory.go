@@ -11,6 +11,9 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/abnconvert/abnconvert/arch"
+	"github.com/abnconvert/abnconvert/convert"
+	"github.com/abnconvert/abnconvert/graph"
 	"github.com/abnconvert/abnconvert/memory"
 	"github.com/abnconvert/abnconvert/runtime"
 )
@@ -35,6 +38,7 @@ func memoryCommand() *cli.Command {
 			"every row with real arithmetic on the CPU at a small size.",
 		Flags: []cli.Flag{
 			archFlag(), reluFlag(), slopeFlag(),
+			&cli.StringFlag{Name: "graph", Usage: "an ONNX export that supplies the structure of a custom architecture (as for convert)"},
 			&cli.IntFlag{Name: "batch", Value: 8, Usage: "batch size"},
 			&cli.IntFlag{Name: "size", Value: 224, Usage: "input height and width"},
 			&cli.StringFlag{Name: "budget", Usage: "also find the largest batch whose parameters and peak fit this much memory (e.g. 16GiB, 500MB)"},
@@ -68,6 +72,7 @@ func memoryAction(c *cli.Context) error {
 		Input: c.Args().First(), Arch: c.String("arch"), ReLU: c.String("relu"), Slope: c.Float64("slope"),
 		Batch: c.Int("batch"), Size: c.Int("size"),
 	}
+	opt.Source, opt.Structure = networkSource(opt.Input, convert.Options{Arch: opt.Arch, Graph: c.String("graph")})
 	if s := c.String("budget"); s != "" {
 		b, err := ParseBytes(s)
 		if err != nil {
@@ -290,4 +295,27 @@ func outcome(r memory.Row) string {
 		return r.Note
 	}
 	return r.Note + "; " + drift
+}
+
+// networkSource opens path as a conversion does (every state-dict format,
+// whole pickled modules, --graph), for the memory measurements: each open
+// is a fresh view, and Structure builds a fresh graph over a view.
+func networkSource(path string, copt convert.Options) (memory.Source, func(graph.Weights) (*graph.Graph, *arch.Match, error)) {
+	nets := map[graph.Weights]*convert.Network{}
+	src := func() (graph.Weights, func() error, error) {
+		n, err := convert.OpenNetwork(path, copt)
+		if err != nil {
+			return nil, nil, err
+		}
+		nets[n.Weights] = n
+		return n.Weights, func() error { delete(nets, n.Weights); n.Close(); return nil }, nil
+	}
+	structure := func(w graph.Weights) (*graph.Graph, *arch.Match, error) {
+		n, ok := nets[w]
+		if !ok {
+			return nil, nil, fmt.Errorf("%s: internal error: weights not opened by this source", path)
+		}
+		return n.Rebuild(copt)
+	}
+	return src, structure
 }

@@ -61,3 +61,12 @@ func wrapPath(path string, err error) error {
 	}
 	return fmt.Errorf("%s: %w", path, err)
 }
+
+// Rebuild builds the network's graph again over the same weights: a fresh
+// graph for passes that mark or rewrite it.
+func (n *Network) Rebuild(opt Options) (*graph.Graph, *arch.Match, error) {
+	if opt.Arch == "" {
+		opt.Arch = "auto"
+	}
+	return structure(n.src, opt)
+}

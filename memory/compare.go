@@ -208,11 +208,11 @@ func newSetup(src Source, opt Options) (*setup, error) {
 	}
 	s.close = append(s.close, c0)
 	s.w0 = w0
-	if s.orig, s.match, err = arch.Recognize(w0, opt.Arch); err != nil {
+	if s.orig, s.match, err = opt.structure(w0); err != nil {
 		s.Close()
 		return nil, err
 	}
-	if g, _, err := arch.Recognize(w0, opt.Arch); err == nil && runtime.MarkSharedBuffers(g) > 0 {
+	if g, _, err := opt.structure(w0); err == nil && runtime.MarkSharedBuffers(g) > 0 {
 		s.shared = g
 	}
 	w1, c1, err := src()
@@ -222,7 +222,7 @@ func newSetup(src Source, opt Options) (*setup, error) {
 	}
 	s.close = append(s.close, c1)
 	s.w1 = w1
-	if s.conv, _, err = arch.Recognize(w1, opt.Arch); err != nil {
+	if s.conv, _, err = opt.structure(w1); err != nil {
 		s.Close()
 		return nil, err
 	}
@@ -422,6 +422,7 @@ func DepthCurve(opt Options) ([]DepthPoint, error) {
 		opt.progress("memory of %s (depth %d)", cfg.Name, cfg.Depth())
 		o := opt
 		o.Arch = "auto"
+		o.Structure = nil // synthesised torchvision configurations: recognised
 		s, err := newSetup(MemSource(cfg.Weights), o)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", cfg.Name, err)

@@ -10,7 +10,6 @@ import (
 
 	"github.com/abnconvert/abnconvert/arch"
 	"github.com/abnconvert/abnconvert/graph"
-	"github.com/abnconvert/abnconvert/pth"
 	"github.com/abnconvert/abnconvert/rewrite"
 	"github.com/abnconvert/abnconvert/runtime"
 )
@@ -33,6 +32,9 @@ type Options struct {
 
 	// Source opens the state dict; nil opens Input.
 	Source Source
+	// Structure builds a fresh graph over weights from Source; nil
+	// recognises the architecture (arch.Recognize with Arch).
+	Structure func(w graph.Weights) (*graph.Graph, *arch.Match, error)
 	// Half is the 16-bit format of the half-precision rows: BFloat16 (the
 	// default, what CPU autocast uses) or Float16.
 	Half runtime.DType
@@ -99,6 +101,13 @@ func (o *Options) progress(format string, args ...any) {
 	}
 }
 
+func (o *Options) structure(w graph.Weights) (*graph.Graph, *arch.Match, error) {
+	if o.Structure != nil {
+		return o.Structure(w)
+	}
+	return arch.Recognize(w, o.Arch)
+}
+
 // Run measures the original network and its default conversion (InPlace-ABN
 // and, for DenseNets, shared buffers), and each technique alone.
 func Run(opt Options) (*Result, error) {
@@ -117,21 +126,24 @@ func Run(opt Options) (*Result, error) {
 	if opt.NewBackend == nil {
 		opt.NewBackend = runtime.NewShapes
 	}
-	orig, err := pth.Open(opt.Input)
+	if opt.Source == nil {
+		opt.Source = FileSource(opt.Input)
+	}
+	orig, closeOrig, err := opt.Source()
 	if err != nil {
 		return nil, err
 	}
-	defer orig.Close()
-	g0, match, err := arch.Recognize(orig, opt.Arch)
+	defer closeOrig()
+	g0, match, err := opt.structure(orig)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", opt.Input, err)
 	}
-	conv, err := pth.Open(opt.Input) // a second view: the rewrite changes it in memory only
+	conv, closeConv, err := opt.Source() // a second view: the rewrite changes it in memory only
 	if err != nil {
 		return nil, err
 	}
-	defer conv.Close()
-	g1, _, err := arch.Recognize(conv, opt.Arch)
+	defer closeConv()
+	g1, _, err := opt.structure(conv)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", opt.Input, err)
 	}
