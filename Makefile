@@ -56,9 +56,14 @@ deps:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 			python3-torch python3-torchvision python3-onnx >/dev/null; }
 
+# Regenerate every committed fixture with real PyTorch (each script says
+# what it writes; the outputs are deterministic).
 fixtures:
 	$(PYTHON) fixtures/models.py
 	$(PYTHON) fixtures/formats.py
+	$(PYTHON) fixtures/formats4.py
+	$(PYTHON) fixtures/hostile.py
+	$(PYTHON) fixtures/ops.py
 
 bench: build
 	bash bench/convert.sh

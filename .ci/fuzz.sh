@@ -17,8 +17,10 @@ TARGETS=(
 	"./pth FuzzScanPickle"
 	"./pth FuzzPickleInZip"
 	"./pth FuzzOpenWrite"
-	"./pth FuzzOpen"
 	"./pth FuzzOpenModule"
+	"./pth FuzzOpen"
+	"./onnx FuzzRead"
+	"./safetensors FuzzOpen"
 	"./command FuzzConvert"
 )
 for t in "${TARGETS[@]}"; do
