@@ -17,6 +17,7 @@ func TestMemory(t *testing.T) {
 		{filepath.Join(f4, "tiny_resnet_basic.safetensors")},
 		{filepath.Join(f4, "resnet_module.pth")},
 		{filepath.Join(f4, "custom.pth"), "--graph", filepath.Join(f4, "custom.onnx")},
+		{filepath.Join(f4, "custom.onnx")},
 	}
 	for _, in := range inputs {
 		args := append([]string{"memory", "--batch", "4", "--size", "32", "--json", "-q"}, in...)

@@ -5,6 +5,7 @@ import (
 
 	"github.com/abnconvert/abnconvert/arch"
 	"github.com/abnconvert/abnconvert/graph"
+	"github.com/abnconvert/abnconvert/onnx"
 )
 
 // Network is an input opened with its structure, from any source a
@@ -16,7 +17,8 @@ type Network struct {
 	Weights graph.Weights
 	Match   *arch.Match
 	Format  string
-	src     *source
+	src     *source // nil for ONNX
+	path    string  // the ONNX file, re-read by Rebuild
 }
 
 // OpenNetwork opens path and builds its graph (opt.Arch and opt.Graph as
@@ -25,6 +27,14 @@ type Network struct {
 func OpenNetwork(path string, opt Options) (*Network, error) {
 	if opt.Arch == "" {
 		opt.Arch = "auto"
+	}
+	if isONNX(path) {
+		m, err := onnx.Read(path)
+		if err != nil {
+			return nil, err
+		}
+		return &Network{Graph: m.Graph, Weights: m.Weights, Match: &arch.Match{Arch: m.Graph.Arch, Family: "onnx", Exact: true},
+			Format: fmt.Sprintf("onnx (opset %d)", m.Opset), path: path}, nil
 	}
 	s, err := openSource(path)
 	if err != nil {
@@ -49,7 +59,11 @@ func OpenWeights(path string) (graph.Weights, func(), error) {
 }
 
 // Close releases the input file.
-func (n *Network) Close() { n.src.close() }
+func (n *Network) Close() {
+	if n.src != nil {
+		n.src.close()
+	}
+}
 
 // wrapPath prefixes an error with the file it concerns, once.
 func wrapPath(path string, err error) error {
@@ -67,6 +81,15 @@ func wrapPath(path string, err error) error {
 func (n *Network) Rebuild(opt Options) (*graph.Graph, *arch.Match, error) {
 	if opt.Arch == "" {
 		opt.Arch = "auto"
+	}
+	if n.src == nil {
+		// ONNX: the file is the structure; its parameter keys are the
+		// same on every read, so the graph indexes n.Weights too.
+		m, err := onnx.Read(n.path)
+		if err != nil {
+			return nil, nil, err
+		}
+		return m.Graph, n.Match, nil
 	}
 	return structure(n.src, opt)
 }
