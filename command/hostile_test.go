@@ -388,7 +388,7 @@ func TestHostileInputs(t *testing.T) {
 			f := filepath.Join(outDir, "file")
 			os.WriteFile(f, []byte("x"), 0o644)
 			return filepath.Join(f, "out.pth")
-		}, want: "does not exist", names: "out"},
+		}, want: "is not a directory", names: "out"},
 		{name: "output directory read-only (tmpfs)", input: bytesOf(s.orig), setup: func(t *testing.T, in, outDir string) string {
 			mountTmpfs(t, outDir, "ro,size=1m")
 			return filepath.Join(outDir, "out.pth")

@@ -101,7 +101,7 @@ func memoryAction(c *cli.Context) error {
 	if plot != "" {
 		b, err := memory.Plot(plot, res)
 		if err == nil {
-			err = writeAtomic(plot, b)
+			err = convert.WriteFile(plot, b, true, false)
 		}
 		if err != nil {
 			return cli.Exit(oneLine(err.Error()), ExitBadInput)
@@ -164,36 +164,6 @@ func ParseBytes(s string) (int64, error) {
 	return int64(v * mult), nil
 }
 
-// writeAtomic writes small outputs (plots) through a temporary file.
-func writeAtomic(path string, data []byte) error {
-	f, err := os.CreateTemp(dirOf(path), ".abnconvert-*")
-	if err != nil {
-		return fmt.Errorf("%s: %w", path, err)
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		os.Remove(f.Name())
-		return fmt.Errorf("%s: %w", path, err)
-	}
-	if err := f.Close(); err != nil {
-		os.Remove(f.Name())
-		return fmt.Errorf("%s: %w", path, err)
-	}
-	os.Chmod(f.Name(), 0o644)
-	if err := os.Rename(f.Name(), path); err != nil {
-		os.Remove(f.Name())
-		return fmt.Errorf("%s: %w", path, err)
-	}
-	return nil
-}
-
-func dirOf(path string) string {
-	if i := strings.LastIndex(path, "/"); i >= 0 {
-		return path[:i+1]
-	}
-	return "."
-}
-
 // compareAction runs memory --compare.
 func compareAction(c *cli.Context, opt memory.Options, plot string) error {
 	switch h := strings.ToLower(c.String("half")); h {
@@ -221,7 +191,7 @@ func compareAction(c *cli.Context, opt memory.Options, plot string) error {
 	if plot != "" {
 		b, err := memory.PlotComparison(plot, res)
 		if err == nil {
-			err = writeAtomic(plot, b)
+			err = convert.WriteFile(plot, b, true, false)
 		}
 		if err != nil {
 			return cli.Exit(oneLine(err.Error()), ExitBadInput)

@@ -261,8 +261,10 @@ func checkPaths(opt Options) error {
 			}
 		}
 		dir := filepath.Dir(abs)
-		if dst, err := os.Stat(dir); err != nil || !dst.IsDir() {
+		if dst, err := os.Stat(dir); err != nil {
 			return fmt.Errorf("%s: directory %s does not exist", o.path, dir)
+		} else if !dst.IsDir() {
+			return fmt.Errorf("%s: %s is not a directory", o.path, dir)
 		}
 	}
 	return nil
@@ -276,9 +278,14 @@ func unwrapPathError(err error) error {
 	return err
 }
 
-// writeFileAtomic writes data to a temporary file beside path, syncs it and
-// renames it into place, so that readers see the old file or the new one,
-// never half of one.
+// WriteFile writes a small output (a module, a report, a plot) the way every
+// output is written: to a temporary file beside path, optionally synced,
+// then renamed into place, so that readers see the old file or the new one,
+// never half of one. Without force an existing file is refused.
+func WriteFile(path string, data []byte, force, sync bool) error {
+	return writeFileAtomic(path, data, force, sync)
+}
+
 func writeFileAtomic(path string, data []byte, force, sync bool) error {
 	if !force {
 		if _, err := os.Stat(path); err == nil {
