@@ -98,7 +98,7 @@ func (s *source) prefix() string {
 	if s.ck != nil {
 		return s.ck.Prefix
 	}
-	return commonKeyPrefix(s.w.Keys())
+	return pth.CommonPrefix(s.w.Keys())
 }
 
 // torchDType is a tensor's torch element type.
@@ -297,31 +297,6 @@ func finish(opt Options, res *Result, module []byte, start time.Time) error {
 	}
 	opt.progress("done in %.2fs", res.Seconds)
 	return nil
-}
-
-// commonKeyPrefix is the dotted prefix every key shares ("module."), ""
-// when none, as package pth computes it for checkpoints.
-func commonKeyPrefix(keys []string) string {
-	if len(keys) < 2 {
-		return ""
-	}
-	prefix := keys[0]
-	for _, k := range keys[1:] {
-		for !strings.HasPrefix(k, prefix) {
-			prefix = prefix[:len(prefix)-1]
-		}
-	}
-	i := strings.LastIndexByte(prefix, '.')
-	if i < 0 {
-		return ""
-	}
-	prefix = prefix[:i+1]
-	for _, k := range keys {
-		if k+"." == prefix {
-			return ""
-		}
-	}
-	return prefix
 }
 
 // inspectState is Inspect for the sources of runState: a safetensors file,

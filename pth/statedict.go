@@ -107,12 +107,13 @@ func (c *Checkpoint) setState(d *Dict, path []string) {
 			c.keys = append(c.keys, k.(string))
 		}
 	}
-	c.Prefix = commonPrefix(c.keys)
+	c.Prefix = CommonPrefix(c.keys)
 }
 
-// commonPrefix is the longest run of whole dotted components that every key
-// starts with and that leaves each key at least one component of its own.
-func commonPrefix(keys []string) string {
+// CommonPrefix is the longest run of whole dotted components that every key
+// starts with and that leaves each key at least one component of its own
+// ("module." of a DataParallel state dict), "" when none.
+func CommonPrefix(keys []string) string {
 	if len(keys) < 2 {
 		return ""
 	}

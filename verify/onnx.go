@@ -74,15 +74,7 @@ func runONNX(opt Options) (*Result, error) {
 	res := &Result{Original: opt.Original, Converted: opt.Converted, Arch: orig.Graph.Arch, Device: opt.Device,
 		Input: x.Shape, Seed: opt.Seed, Strict: opt.Strict}
 	mk := func(g *graph.Graph, w graph.Weights, what string) (*network, error) {
-		b, err := newBackend()
-		if err != nil {
-			return nil, err
-		}
-		ex, err := runtime.New(g, w, b, runtime.Options{Seed: opt.Seed})
-		if err != nil {
-			return nil, fmt.Errorf("%s network: %w", what, err)
-		}
-		return &network{g: g, w: w, ex: ex}, nil
+		return newNetwork(newBackend, opt.Seed, g, w, what)
 	}
 	ref, err := mk(gRef, refW, "reference")
 	if err != nil {

@@ -213,15 +213,7 @@ func Run(opt Options) (*Result, error) {
 		Input: x.Shape, Seed: opt.Seed, Strict: opt.Strict}
 
 	mk := func(g *graph.Graph, w graph.Weights, what string) (*network, error) {
-		b, err := newBackend()
-		if err != nil {
-			return nil, err
-		}
-		ex, err := runtime.New(g, w, b, runtime.Options{Seed: opt.Seed})
-		if err != nil {
-			return nil, fmt.Errorf("%s network: %w", what, err)
-		}
-		return &network{g: g, w: w, ex: ex}, nil
+		return newNetwork(newBackend, opt.Seed, g, w, what)
 	}
 	ref, err := mk(gRef, refW, "reference")
 	if err != nil {
@@ -380,6 +372,19 @@ func evalLimit(opt Options, ref []float32) float64 {
 		return opt.Rtol
 	}
 	return opt.Rtol + opt.Atol/scale
+}
+
+// newNetwork loads g with w on a fresh backend.
+func newNetwork(newBackend func() (runtime.Backend, error), seed uint64, g *graph.Graph, w graph.Weights, what string) (*network, error) {
+	b, err := newBackend()
+	if err != nil {
+		return nil, err
+	}
+	ex, err := runtime.New(g, w, b, runtime.Options{Seed: seed})
+	if err != nil {
+		return nil, fmt.Errorf("%s network: %w", what, err)
+	}
+	return &network{g: g, w: w, ex: ex}, nil
 }
 
 type step struct {
