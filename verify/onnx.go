@@ -148,10 +148,10 @@ func runONNX(opt Options) (*Result, error) {
 		return nil, fmt.Errorf("converted: %w", err)
 	}
 	trainLimit := func(a, b []float32) float64 {
-		return math.Max(opt.TrainFactor*compare("", b, a, nil, 0).Rel, trainFloor)
+		return math.Max(opt.TrainFactor*compareL2("", b, a, nil, 0).Rel, trainFloor)
 	}
-	res.add(compare("train output", tConv.y.Data, tRef.y.Data, nil, trainLimit(tRef.y.Data, tRef2.y.Data)))
-	res.add(compare("input gradient", tConv.dx.Data, tRef.dx.Data, nil, trainLimit(tRef.dx.Data, tRef2.dx.Data)))
+	res.add(compareL2("train output", tConv.y.Data, tRef.y.Data, nil, trainLimit(tRef.y.Data, tRef2.y.Data)))
+	res.add(compareL2("input gradient", tConv.dx.Data, tRef.dx.Data, nil, trainLimit(tRef.dx.Data, tRef2.dx.Data)))
 	yRef, err = ref.ex.Forward(x, false)
 	if err != nil {
 		return nil, fmt.Errorf("reference: %w", err)

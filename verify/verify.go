@@ -58,9 +58,14 @@ type Options struct {
 	NewBackend func() (runtime.Backend, error)
 }
 
-// trainFloor is the smallest limit of a training-mode comparison, relative
-// to the reference's largest magnitude.
-const trainFloor = 5e-3
+// trainFloor is the smallest limit of a training-mode comparison: 2% of the
+// reference's norm. Parameter gradients of BN biases are sums whose terms
+// nearly cancel (a train-mode BN downstream removes each channel's mean), so
+// float32 rounding moves them by up to about 1% on deep networks at small
+// batches (measured: resnext50_32x4d and densenet121 at batch 2-4, 64x64,
+// 0.6-1.0%); a real error (a wrong formula, a channel with the wrong sign)
+// moves them by far more, and wrong weights fail the eval check at 1e-4.
+const trainFloor = 2e-2
 
 // Check is one comparison.
 type Check struct {
@@ -72,6 +77,12 @@ type Check struct {
 	Rel    float64 `json:"rel"`
 	// Limit is the largest Rel that passes.
 	Limit float64 `json:"limit"`
+	// Metric says how Rel is measured: "max" (largest difference over the
+	// reference's largest magnitude: eval comparisons) or "l2" (norm of the
+	// difference over the reference's norm: training comparisons, where a
+	// max-pool argmax or a ReLU mask flipped by rounding moves a few
+	// elements a lot and the rest not at all).
+	Metric string `json:"metric"`
 	Pass  bool    `json:"pass"`
 	Note  string  `json:"note,omitempty"`
 }
@@ -270,13 +281,13 @@ func Run(opt Options) (*Result, error) {
 	// error: the change of the reference's results when its input moves by
 	// one float32 rounding (a measured conditioning of this network on
 	// this input, which is the scale its float32 arithmetic errs by).
-	opt.progress("training step of the reference (twice: the second on a rounding-perturbed input, to measure its float32 error)")
+	opt.progress("training step of the reference (twice: the second with input and weights moved by a float32 rounding, to measure its float32 error)")
 	g := gradOut(opt.Seed, yRef.Shape)
 	tRef, err := trainStep(ref, x, g)
 	if err != nil {
 		return nil, fmt.Errorf("reference: %w", err)
 	}
-	ref2, err := mk(gRef, refW, "reference")
+	ref2, err := mk(gRef, perturbedWeights{refW, opt.Seed}, "reference")
 	if err != nil {
 		return nil, err
 	}
@@ -300,11 +311,11 @@ func Run(opt Options) (*Result, error) {
 	// and a floor that keeps a lucky small measurement from failing a sound
 	// result. Wrong weights fail the eval comparison at 1e-4 first.
 	trainLimit := func(ref, ref2 []float32, sign func(int) float64) float64 {
-		own := compare("", ref2, ref, nil, 0).Rel
+		own := compareL2("", ref2, ref, nil, 0).Rel
 		return math.Max(opt.TrainFactor*own, trainFloor)
 	}
-	res.add(compare("train output", tConv.y.Data, tRef.y.Data, nil, trainLimit(tRef.y.Data, tRef2.y.Data, nil)))
-	res.add(compare("input gradient", tConv.dx.Data, tRef.dx.Data, nil, trainLimit(tRef.dx.Data, tRef2.dx.Data, nil)))
+	res.add(compareL2("train output", tConv.y.Data, tRef.y.Data, nil, trainLimit(tRef.y.Data, tRef2.y.Data, nil)))
+	res.add(compareL2("input gradient", tConv.dx.Data, tRef.dx.Data, nil, trainLimit(tRef.dx.Data, tRef2.dx.Data, nil)))
 
 	flips := map[string]map[int]bool{}
 	for k, chans := range rep.Flips {
@@ -323,7 +334,7 @@ func Run(opt Options) (*Result, error) {
 		}
 		shape, _ := orig.Shape(k)
 		m := channelMap(shape, flips[k], skip[k])
-		res.addGrad(compare("gradient "+k, gc, tRef.grads[k], m, trainLimit(tRef.grads[k], tRef2.grads[k], nil)))
+		res.addGrad(compareL2("gradient "+k, gc, tRef.grads[k], m, trainLimit(tRef.grads[k], tRef2.grads[k], nil)))
 	}
 	for _, k := range sortedKeys(tRef.stats) {
 		if strings.HasSuffix(k, graph.RoleNumBatches) {
@@ -336,7 +347,7 @@ func Run(opt Options) (*Result, error) {
 		if strings.HasSuffix(k, graph.RoleRunningMean) {
 			m = channelMap(shape, flips[k], nil)
 		}
-		res.addGrad(compare("running "+k, tConv.stats[k], tRef.stats[k], m, trainLimit(tRef.stats[k], tRef2.stats[k], nil)))
+		res.addGrad(compareL2("running "+k, tConv.stats[k], tRef.stats[k], m, trainLimit(tRef.stats[k], tRef2.stats[k], nil)))
 	}
 
 	// 4. Eval again: the running statistics moved the same way.
@@ -409,11 +420,48 @@ func trainStep(n *network, x, g *runtime.HostTensor) (*step, error) {
 	return &step{y: y, dx: dx, grads: grads, stats: stats}, nil
 }
 
+// compareL2 is compare with the "l2" metric: the norm of the difference over
+// the norm of the (mapped) reference.
+func compareL2(name string, got, want []float32, mult []float64, limit float64) Check {
+	c := compare(name, got, want, mult, limit)
+	c.Metric = "l2"
+	if len(got) != len(want) {
+		return c
+	}
+	var dd, ww float64
+	for i := range want {
+		m := 1.0
+		if mult != nil {
+			m = mult[i]
+			if m == 0 {
+				continue
+			}
+		}
+		w := m * float64(want[i])
+		d := float64(got[i]) - w
+		dd += d * d
+		ww += w * w
+	}
+	switch {
+	case ww > 0:
+		c.Rel = math.Sqrt(dd / ww)
+	case dd > 0:
+		c.Rel = math.Inf(1)
+	default:
+		c.Rel = 0
+	}
+	if math.IsNaN(c.Rel) {
+		c.Rel = math.Inf(1)
+	}
+	c.Pass = c.Rel <= limit
+	return c
+}
+
 // compare returns the check of got against want; mult, when given, maps the
 // reference into the converted parametrisation element by element (+1, -1,
 // or 0 for elements not compared).
 func compare(name string, got, want []float32, mult []float64, limit float64) Check {
-	c := Check{Name: name, Limit: limit}
+	c := Check{Name: name, Limit: limit, Metric: "max"}
 	if len(got) != len(want) {
 		c.Note = fmt.Sprintf("%d values against %d", len(got), len(want))
 		return c
@@ -555,6 +603,34 @@ func gradOut(seed uint64, shape []int) *runtime.HostTensor {
 		g.Data[i] = float32(r.NormFloat64())
 	}
 	return g
+}
+
+// perturbedWeights moves every floating-point parameter by up to one
+// float32 rounding, deterministically per key. By backward error analysis a
+// float32 computation is the exact computation on data moved by a few
+// roundings, so the reference's change under this perturbation (with the
+// input's, see perturb) measures the size of its own float32 error,
+// including what every layer's arithmetic adds: a perturbation of the input
+// alone would miss that.
+type perturbedWeights struct {
+	graph.Weights
+	seed uint64
+}
+
+func (p perturbedWeights) Values(key string) ([]float64, error) {
+	v, err := p.Weights.Values(key)
+	if err != nil || strings.HasSuffix(key, graph.RoleNumBatches) {
+		return v, err
+	}
+	h := p.seed
+	for i := 0; i < len(key); i++ {
+		h = h*0x100000001B3 ^ uint64(key[i])
+	}
+	r := rand.New(rand.NewPCG(h, 0xf10a7))
+	for i, x := range v {
+		v[i] = x * (1 + (2*r.Float64()-1)*math.Pow(2, -24))
+	}
+	return v, nil
 }
 
 // perturb moves every element of x by up to one float32 rounding.
