@@ -83,8 +83,8 @@ type Check struct {
 	// max-pool argmax or a ReLU mask flipped by rounding moves a few
 	// elements a lot and the rest not at all).
 	Metric string `json:"metric"`
-	Pass  bool    `json:"pass"`
-	Note  string  `json:"note,omitempty"`
+	Pass   bool   `json:"pass"`
+	Note   string `json:"note,omitempty"`
 }
 
 // Drift describes how far the conversion's declared approximations move the
