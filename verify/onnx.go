@@ -74,7 +74,7 @@ func runONNX(opt Options) (*Result, error) {
 	res := &Result{Original: opt.Original, Converted: opt.Converted, Arch: orig.Graph.Arch, Device: opt.Device,
 		Input: x.Shape, Seed: opt.Seed, Strict: opt.Strict}
 	mk := func(g *graph.Graph, w graph.Weights, what string) (*network, error) {
-		return newNetwork(newBackend, opt.Seed, g, w, what)
+		return newNetwork(newBackend, opt.Seed, g, w, what, opt.Progress)
 	}
 	ref, err := mk(gRef, refW, "reference")
 	if err != nil {

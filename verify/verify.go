@@ -24,6 +24,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"strings"
+	"time"
 
 	"github.com/abnconvert/abnconvert/convert"
 	"github.com/abnconvert/abnconvert/graph"
@@ -224,7 +225,7 @@ func Run(opt Options) (*Result, error) {
 		Input: x.Shape, Seed: opt.Seed, Strict: opt.Strict}
 
 	mk := func(g *graph.Graph, w graph.Weights, what string) (*network, error) {
-		return newNetwork(newBackend, opt.Seed, g, w, what)
+		return newNetwork(newBackend, opt.Seed, g, w, what, opt.Progress)
 	}
 	ref, err := mk(gRef, refW, "reference")
 	if err != nil {
@@ -386,16 +387,36 @@ func evalLimit(opt Options, ref []float32) float64 {
 }
 
 // newNetwork loads g with w on a fresh backend.
-func newNetwork(newBackend func() (runtime.Backend, error), seed uint64, g *graph.Graph, w graph.Weights, what string) (*network, error) {
+func newNetwork(newBackend func() (runtime.Backend, error), seed uint64, g *graph.Graph, w graph.Weights, what string, progress io.Writer) (*network, error) {
 	b, err := newBackend()
 	if err != nil {
 		return nil, err
 	}
-	ex, err := runtime.New(g, w, b, runtime.Options{Seed: seed})
+	ex, err := runtime.New(g, w, b, runtime.Options{Seed: seed, Trace: nodeProgress(progress, what)})
 	if err != nil {
 		return nil, fmt.Errorf("%s network: %w", what, err)
 	}
 	return &network{g: g, w: w, ex: ex}, nil
+}
+
+// nodeProgress reports, at most every two seconds, which node a long run
+// of the what network is at, so that a big network's step shows where it is.
+func nodeProgress(w io.Writer, what string) func(string, int, int, *graph.Node, time.Duration) {
+	if w == nil {
+		return nil
+	}
+	last := time.Now()
+	return func(phase string, i, n int, nd *graph.Node, _ time.Duration) {
+		if i == 0 { // a pass starts: count from here
+			last = time.Now()
+			return
+		}
+		if time.Since(last) < 2*time.Second {
+			return
+		}
+		last = time.Now()
+		fmt.Fprintf(w, "verify:   %s network, %s: node %d of %d (%s)\n", what, phase, i+1, n, nd.Name)
+	}
 }
 
 type step struct {
