@@ -88,13 +88,9 @@ func runONNX(opt Options) (*Result, error) {
 	defer cv.ex.Close()
 
 	opt.progress("eval forward of the reference and the converted model (%v)", x.Shape)
-	yRef, err := ref.ex.Forward(x, false)
+	yRef, yConv, err := evalPair(ref, cv, x)
 	if err != nil {
-		return nil, fmt.Errorf("reference: %w", err)
-	}
-	yConv, err := cv.ex.Forward(x, false)
-	if err != nil {
-		return nil, fmt.Errorf("converted: %w", err)
+		return nil, err
 	}
 	res.add(compare("eval output", yConv.Data, yRef.Data, nil, evalLimit(opt, yRef.Data)))
 
@@ -152,13 +148,9 @@ func runONNX(opt Options) (*Result, error) {
 	}
 	res.add(compareL2("train output", tConv.y.Data, tRef.y.Data, nil, trainLimit(tRef.y.Data, tRef2.y.Data)))
 	res.add(compareL2("input gradient", tConv.dx.Data, tRef.dx.Data, nil, trainLimit(tRef.dx.Data, tRef2.dx.Data)))
-	yRef, err = ref.ex.Forward(x, false)
+	yRef, yConv, err = evalPair(ref, cv, x)
 	if err != nil {
-		return nil, fmt.Errorf("reference: %w", err)
-	}
-	yConv, err = cv.ex.Forward(x, false)
-	if err != nil {
-		return nil, fmt.Errorf("converted: %w", err)
+		return nil, err
 	}
 	res.add(compare("eval output after training step", yConv.Data, yRef.Data, nil,
 		math.Max(evalLimit(opt, yRef.Data), trainLimit(tRef.y.Data, tRef2.y.Data))))

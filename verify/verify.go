@@ -240,13 +240,9 @@ func Run(opt Options) (*Result, error) {
 
 	// 1. Eval outputs.
 	opt.progress("eval forward of the reference and the converted network (%v)", x.Shape)
-	yRef, err := ref.ex.Forward(x, false)
+	yRef, yConv, err := evalPair(ref, cv, x)
 	if err != nil {
-		return nil, fmt.Errorf("reference: %w", err)
-	}
-	yConv, err := cv.ex.Forward(x, false)
-	if err != nil {
-		return nil, fmt.Errorf("converted: %w", err)
+		return nil, err
 	}
 	res.add(compare("eval output", yConv.Data, yRef.Data, nil, evalLimit(opt, yRef.Data)))
 
@@ -353,13 +349,9 @@ func Run(opt Options) (*Result, error) {
 
 	// 4. Eval again: the running statistics moved the same way.
 	opt.progress("eval forward after the training step")
-	yRef, err = ref.ex.Forward(x, false)
+	yRef, yConv, err = evalPair(ref, cv, x)
 	if err != nil {
-		return nil, fmt.Errorf("reference: %w", err)
-	}
-	yConv, err = cv.ex.Forward(x, false)
-	if err != nil {
-		return nil, fmt.Errorf("converted: %w", err)
+		return nil, err
 	}
 	res.add(compare("eval output after training step", yConv.Data, yRef.Data, nil, math.Max(evalLimit(opt, yRef.Data), trainLimit(tRef.y.Data, tRef2.y.Data, nil))))
 
@@ -384,6 +376,17 @@ func evalLimit(opt Options, ref []float32) float64 {
 		return opt.Rtol
 	}
 	return opt.Rtol + opt.Atol/scale
+}
+
+// evalPair runs the reference and the converted network in eval mode on x.
+func evalPair(ref, cv *network, x *runtime.HostTensor) (yRef, yConv *runtime.HostTensor, err error) {
+	if yRef, err = ref.ex.Forward(x, false); err != nil {
+		return nil, nil, fmt.Errorf("reference: %w", err)
+	}
+	if yConv, err = cv.ex.Forward(x, false); err != nil {
+		return nil, nil, fmt.Errorf("converted: %w", err)
+	}
+	return yRef, yConv, nil
 }
 
 // newNetwork loads g with w on a fresh backend.
