@@ -5,7 +5,7 @@ BIN     := bin/abnconvert
 VERSION := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X github.com/abnconvert/abnconvert/command.Version=$(VERSION)
 
-.PHONY: build demo test gotest pytest interop interop-big verify-fixtures deps fixtures bench clean cuda cuda-test cuda-emu ptx gpu-bench
+.PHONY: build demo test gotest pytest interop interop-big verify-fixtures deps fixtures bench clean cuda cuda-test cuda-emu ptx gpu-bench emudriver gpu-emulated
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/abnconvert
@@ -91,3 +91,16 @@ gpu-bench:
 
 clean:
 	rm -rf bin out
+
+# The emulated CUDA driver (bin/emudriver/libcuda.so.1): the driver API calls
+# the cuda build uses, on the CPU over the kernels compiled for it, so that the
+# GPU path and bench/gpu.sh can be rehearsed without a GPU (needs cuda.h, g++).
+emudriver:
+	@mkdir -p bin/emudriver
+	$(CXX) -std=c++17 -O2 -fno-strict-aliasing -shared -fPIC -Wall $(CGO_CFLAGS) -o bin/emudriver/libcuda.so.1 cuda/emudriver/driver.cc
+
+# bench/gpu.sh on the emulated driver: every step of the GPU script at small
+# sizes, through the real binaries and driver calls; exits 1 on a failed check.
+gpu-emulated: cuda cuda-test emudriver
+	LD_LIBRARY_PATH=$(CURDIR)/bin/emudriver $(GO) test -count=1 -tags cuda -run '^TestDeviceCUDA$$' ./command/
+	OUT=$${OUT:-bench} bash bench/gpu.sh --emulated

@@ -7,7 +7,14 @@
 #
 #   make cuda cuda-test          # bin/abnconvert-cuda, bin/cuda.test (needs cuda.h)
 #   bash bench/gpu.sh            # on the GPU machine: writes $OUT/gpu.md (bench/gpu.md without $OUT)
-#   bash bench/gpu.sh --dry-run  # anywhere: the CPU parts, small sizes, no GPU needed
+#   bash bench/gpu.sh --emulated # rehearsal without a GPU: the same steps, small sizes, on
+#                                # the emulated driver (make emudriver: bin/emudriver/libcuda.so.1,
+#                                # the kernels compiled for the CPU); writes gpu-emulated.md
+#   bash bench/gpu.sh --dry-run  # anywhere: the CPU parts, small sizes, no CUDA at all
+#
+# Exit status: 0 when every step passed, 1 when a check failed (a test, a
+# verify that did not say PRESERVED, a measurement that failed), 2 when the
+# binaries are missing. The report is written in every case.
 #
 # Steps, each logged to $OUT/gpu.log and summarised in gpu.md:
 #  1. the device, the driver and PyTorch;
@@ -26,15 +33,23 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-DRY=0
-[ "${1:-}" = "--dry-run" ] && DRY=1
+DRY=0 EMU=0 NAME=gpu
+case "${1:-}" in
+--dry-run) DRY=1 ;;
+--emulated) EMU=1 NAME=gpu-emulated ;;
+"") ;;
+*)
+	echo "usage: bash bench/gpu.sh [--emulated | --dry-run]" >&2
+	exit 2
+	;;
+esac
 OUTDIR=${OUT:-bench}
 mkdir -p "$OUTDIR"
-LOG=$OUTDIR/gpu.log
-MD=$OUTDIR/gpu.md
+LOG=$OUTDIR/$NAME.log
+MD=$OUTDIR/$NAME.md
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
-JSONL=$(cd "$OUTDIR" && pwd)/gpu.jsonl
+JSONL=$(cd "$OUTDIR" && pwd)/$NAME.jsonl
 : >"$JSONL"
 : >"$LOG"
 BIN=bin/abnconvert-cuda
@@ -49,6 +64,22 @@ if [ $DRY = 1 ]; then
 	PYTHON=${PYTHON:-/usr/bin/python3}
 	BATCH=2 SIZE=64 SHAPES=2x8x16x16,2x8x7x7 DEVICE=cpu
 fi
+if [ $EMU = 1 ]; then
+	# The emulated driver runs every kernel on one CPU thread: small sizes.
+	# PyTorch here has no GPU, so its side runs on the CPU.
+	if [ ! -f bin/emudriver/libcuda.so.1 ]; then
+		echo "bin/emudriver/libcuda.so.1 is missing: make emudriver (needs cuda.h and g++)" >&2
+		exit 2
+	fi
+	export LD_LIBRARY_PATH=$PWD/bin/emudriver${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+	PYTHON=${PYTHON:-/usr/bin/python3}
+	BATCH=${EMU_BATCH:-2} SIZE=${EMU_SIZE:-64} SHAPES=${EMU_SHAPES:-2x16x16x16,2x8x7x7} DEVICE=cpu
+fi
+FAILED=0
+fail() { # fail MESSAGE: note a failed check for the report and the exit status
+	echo "$*" >>"$WORK/notes.txt"
+	FAILED=1
+}
 PYTHON=${PYTHON:-python3}
 
 log() { echo "== $*" | tee -a "$LOG" >&2; }
@@ -80,6 +111,10 @@ log "2. CUDA backend against the CPU runtime (bin/cuda.test)"
 (cd cuda && ABN_GPU_REPORT="$JSONL" "../$TEST" -test.run 'TestOpenError|TestGPUOpsMatchCPU|TestGPUNetworksMatchCPU|TestGPUMemCheck' \
 	-test.v -test.timeout 300s) >"$WORK/tests.txt" 2>&1
 TESTS_RC=$?
+[ $TESTS_RC = 0 ] || fail "bin/cuda.test exited $TESTS_RC: see $NAME.log"
+if [ $DRY = 0 ] && grep -q -- '--- SKIP' "$WORK/tests.txt"; then
+	fail "bin/cuda.test skipped its GPU tests: $(grep -m1 'no GPU' "$WORK/tests.txt" | sed 's/^ *//')"
+fi
 cat "$WORK/tests.txt" >>"$LOG"
 grep -E '^(--- |ok|PASS|FAIL)' "$WORK/tests.txt" | grep -v '^    ' >"$WORK/tests.sum" || true
 # The per-op table TestGPUOpsMatchCPU logs (worst relative difference).
@@ -89,7 +124,11 @@ log "3. abnconvert verify --device cuda / cpu on the fixtures"
 : >"$WORK/verify.txt"
 for f in fixtures/testdata/tiny_*.pth; do
 	n=$(basename "$f" .pth)
-	run "$BIN" convert -i "$f" -o "$WORK/$n.abn.pth" --force --quiet || { echo "| $n | convert failed | |" >>"$WORK/verify.txt"; continue; }
+	run "$BIN" convert -i "$f" -o "$WORK/$n.abn.pth" --force --quiet || {
+		echo "| $n | convert failed | |" >>"$WORK/verify.txt"
+		fail "convert $n failed"
+		continue
+	}
 	line="| $n |"
 	for dev in cuda cpu; do
 		out=$("$BIN" verify --original "$f" --converted "$WORK/$n.abn.pth" --device $dev --quiet 2>&1)
@@ -102,6 +141,10 @@ for f in fixtures/testdata/tiny_*.pth; do
 		1) verdict="NOT preserved: $(echo "$out" | tail -1 | sed 's/^NOT PRESERVED: //' | cut -c1-80)" ;;
 		*) verdict="error: $(echo "$out" | tail -1 | sed 's/^abnconvert: //' | cut -c1-100)" ;;
 		esac
+		# Without CUDA (--dry-run) --device cuda is expected to refuse.
+		if [ $rc != 0 ] && ! { [ $DRY = 1 ] && [ $dev = cuda ] && [ $rc = 2 ]; }; then
+			fail "verify $n --device $dev: $verdict"
+		fi
 		line="$line $verdict (eval output rel ${eval_rel:-n/a}) |"
 	done
 	echo "$line" >>"$WORK/verify.txt"
@@ -109,36 +152,46 @@ done
 
 log "4. InPlace-ABN throughput"
 if [ $DRY = 0 ]; then
-	(cd cuda && ABN_GPU_BENCH=1 ABN_GPU_REPORT="$JSONL" "../$TEST" -test.run 'TestGPUThroughput' -test.v -test.timeout 300s) >>"$LOG" 2>&1 ||
-		echo "(TestGPUThroughput failed: see gpu.log)" >>"$WORK/notes.txt"
+	(cd cuda && ABN_GPU_BENCH=1 ABN_GPU_SHAPES="$SHAPES" ABN_GPU_REPORT="$JSONL" "../$TEST" -test.run 'TestGPUThroughput' -test.v -test.timeout 300s) >>"$LOG" 2>&1 ||
+		fail "TestGPUThroughput failed: see $NAME.log"
 fi
-run "$PYTHON" bench/gpu_torch.py throughput --shapes "$SHAPES" --device $DEVICE
+run "$PYTHON" bench/gpu_torch.py throughput --shapes "$SHAPES" --device $DEVICE || fail "gpu_torch.py throughput failed: see $NAME.log"
 grep '"kind": "torch_throughput"' "$LOG" >>"$JSONL" || true
 
 log "5. training-step memory: $MODELS, batch $BATCH, ${SIZE}x$SIZE"
-run "$PYTHON" bench/gpu_torch.py checkpoints --out "$WORK" --models "$MODELS"
+run "$PYTHON" bench/gpu_torch.py checkpoints --out "$WORK" --models "$MODELS" || fail "gpu_torch.py checkpoints failed: see $NAME.log"
 CKPTS=""
 for m in ${MODELS//,/ }; do
 	[ -f "$WORK/$m.pth" ] || continue
 	CKPTS="${CKPTS:+$CKPTS,}$WORK/$m.pth"
-	run "$BIN" convert -i "$WORK/$m.pth" -o "$WORK/${m}_abn.pth" --emit-module "$WORK/${m}_abn.py" --force --quiet
-	run "$BIN" memory --device cuda --batch "$BATCH" --size "$SIZE" "$WORK/$m.pth"
+	run "$BIN" convert -i "$WORK/$m.pth" -o "$WORK/${m}_abn.pth" --emit-module "$WORK/${m}_abn.py" --force --quiet ||
+		fail "convert $m failed: see $NAME.log"
+	if [ $DRY = 0 ]; then
+		echo "\$ $BIN memory --device cuda --batch $BATCH --size $SIZE $m.pth" >>"$LOG"
+		"$BIN" memory --device cuda --batch "$BATCH" --size "$SIZE" --quiet "$WORK/$m.pth" >"$WORK/memory-$m.txt" 2>&1 ||
+			fail "memory --device cuda $m failed: $(tail -1 "$WORK/memory-$m.txt")"
+		cat "$WORK/memory-$m.txt" >>"$LOG"
+		if grep -q INCONSISTENT "$WORK/memory-$m.txt"; then
+			fail "memory --device cuda $m: the driver shows less in use than the allocator holds"
+		fi
+	fi
 	run "$PYTHON" bench/gpu_torch.py memory --model "$m" --checkpoint "$WORK/$m.pth" --converted "$WORK/${m}_abn.pth" \
-		--module "$WORK/${m}_abn.py" --batch "$BATCH" --size "$SIZE" --device $DEVICE
+		--module "$WORK/${m}_abn.py" --batch "$BATCH" --size "$SIZE" --device $DEVICE || fail "gpu_torch.py memory $m failed: see $NAME.log"
 done
 grep '"kind": "torch_memory"' "$LOG" >>"$JSONL" || true
 if [ $DRY = 0 ] && [ -n "$CKPTS" ]; then
 	(cd cuda && ABN_GPU_CHECKPOINTS="$CKPTS" ABN_GPU_BATCH=$BATCH ABN_GPU_SIZE=$SIZE ABN_GPU_REPORT="$JSONL" \
 		"../$TEST" -test.run 'TestGPUTrainingMemory' -test.v -test.timeout 500s) >>"$LOG" 2>&1 ||
-		echo "(TestGPUTrainingMemory failed: see gpu.log)" >>"$WORK/notes.txt"
+		fail "TestGPUTrainingMemory failed: see $NAME.log"
 fi
 
 log "report: $MD"
 {
 	echo "# The CUDA backend on a GPU"
 	echo
-	echo "Written by \`bash bench/gpu.sh$([ $DRY = 1 ] && echo ' --dry-run')\`; the full log is gpu.log, the measurements gpu.jsonl."
+	echo "Written by \`bash bench/gpu.sh${1:+ $1}\`; the full log is $NAME.log, the measurements $NAME.jsonl."
 	[ $DRY = 1 ] && echo "DRY RUN: no GPU; the CPU parts at small sizes, to check the script. Nothing here is a GPU measurement."
+	[ $EMU = 1 ] && echo "EMULATED: no GPU. The CUDA path ran on the emulated driver (cuda/emudriver: the kernels compiled for the CPU, one thread), at batch $BATCH, ${SIZE}x$SIZE: it checks the binaries, the driver calls, the kernels' results and this script. Times and bandwidths are the emulator's, not a GPU's."
 	echo
 	echo '```'
 	cat "$WORK/env.txt"
@@ -167,9 +220,24 @@ log "report: $MD"
 	cat "$WORK/verify.txt"
 	echo
 	"$PYTHON" bench/gpu_torch.py render --jsonl "$JSONL" 2>>"$LOG" || echo "(render failed: see gpu.log)"
+	for m in ${MODELS//,/ }; do
+		if [ -s "$WORK/memory-$m.txt" ]; then
+			echo
+			echo "\`abnconvert memory --device cuda --batch $BATCH --size $SIZE $m.pth\`:"
+			echo
+			echo '```'
+			cat "$WORK/memory-$m.txt"
+			echo '```'
+		fi
+	done
+	echo
 	if [ -s "$WORK/notes.txt" ]; then
+		echo "## Failed checks"
 		echo
-		cat "$WORK/notes.txt"
+		sed 's/^/- /' "$WORK/notes.txt"
+	else
+		echo "Every check passed."
 	fi
 } >"$MD"
 cat "$MD"
+exit $FAILED

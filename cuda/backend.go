@@ -387,6 +387,16 @@ func (b *Backend) MemCheck() (MemCheck, error) {
 		DriverUsedBytes: total - free, DriverBaselineBytes: b.baseline, DriverTotalBytes: total}, nil
 }
 
+// DeviceMemory implements runtime.DeviceMemory from MemCheck.
+func (b *Backend) DeviceMemory() (runtime.DeviceFigures, error) {
+	m, err := b.MemCheck()
+	if err != nil {
+		return runtime.DeviceFigures{}, err
+	}
+	return runtime.DeviceFigures{LiveBytes: m.LiveBytes, ReservedBytes: m.ReservedBytes, DriverUsedBytes: m.DriverDelta(),
+		TotalBytes: m.DriverTotalBytes}, nil
+}
+
 // TrimCache gives the cached free blocks of the device's pool back to the
 // driver (so that DriverDelta tracks what is live) and restarts the peak
 // of reserved bytes from what is left.

@@ -24,6 +24,7 @@ import (
 //
 //	ABN_GPU_REPORT=out.jsonl   append each measurement as a JSON line
 //	ABN_GPU_BENCH=1            run TestGPUThroughput
+//	ABN_GPU_SHAPES=NxCxHxW,... its tensors (four activation sizes of resnet50 at batch 32)
 //	ABN_GPU_CHECKPOINTS=a,b    run TestGPUTrainingMemory on these .pth files
 //	ABN_GPU_BATCH, ABN_GPU_SIZE  its batch and image size (32, 224)
 
@@ -203,6 +204,23 @@ func TestGPUThroughput(t *testing.T) {
 	}
 	b := openOrSkip(t)
 	shapes := [][]int{{32, 64, 112, 112}, {32, 256, 56, 56}, {32, 512, 28, 28}, {256, 2048, 7, 7}}
+	if s := os.Getenv("ABN_GPU_SHAPES"); s != "" {
+		shapes = nil
+		for _, part := range strings.Split(s, ",") {
+			var shape []int
+			for _, d := range strings.Split(part, "x") {
+				v, err := strconv.Atoi(d)
+				if err != nil || v < 1 {
+					t.Fatalf("ABN_GPU_SHAPES %q: want NxCxHxW,...", s)
+				}
+				shape = append(shape, v)
+			}
+			if len(shape) != 4 {
+				t.Fatalf("ABN_GPU_SHAPES %q: want NxCxHxW,...", s)
+			}
+			shapes = append(shapes, shape)
+		}
+	}
 	p := runtime.NormParams{Eps: 1e-5, AbsWeight: true, Act: runtime.Act{Kind: runtime.ActLeakyReLU, Param: 0.01}}
 	const reps = 20
 	for _, shape := range shapes {

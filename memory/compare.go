@@ -274,7 +274,7 @@ func (o *Options) compareDefaults() error {
 		return fmt.Errorf("half-precision format %v: want bfloat16 or float16", o.Half)
 	}
 	if o.NewBackend == nil {
-		o.NewBackend = runtime.NewShapes
+		o.NewBackend = shapes
 	}
 	if o.DriftBatch == 0 {
 		o.DriftBatch = 2

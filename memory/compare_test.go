@@ -140,7 +140,7 @@ func TestCompareMaxBatch(t *testing.T) {
 		r := c.Rows[i]
 		v := s.variant(tech, runtime.BFloat16)
 		at := func(b int) int64 {
-			f, _, err := measure(v, b, 32, runtime.NewShapes)
+			f, _, err := measure(v, b, 32, shapes)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -302,7 +302,7 @@ func TestAgainstPyTorch(t *testing.T) {
 			if _, err := rewrite.Run(g, w, rewrite.Options{}); err != nil {
 				t.Fatal(err)
 			}
-			f, _, err := measure(variant{name: "converted", g: g, w: w, opt: runtime.Options{NoRecompute: true}}, tr.Batch, tr.Size, runtime.NewShapes)
+			f, _, err := measure(variant{name: "converted", g: g, w: w, opt: runtime.Options{NoRecompute: true}}, tr.Batch, tr.Size, shapes)
 			if err != nil {
 				t.Fatal(err)
 			}

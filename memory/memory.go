@@ -26,7 +26,9 @@ type Options struct {
 	Budget   int64
 	Progress io.Writer
 	// NewBackend makes the measuring backend; nil means the shape-only one.
-	NewBackend func() runtime.Backend
+	// A backend on a device (runtime.DeviceMemory) is also cross-checked
+	// against its driver: Figures.Device.
+	NewBackend func() (runtime.Backend, error)
 
 	// What Compare also reads.
 
@@ -59,6 +61,8 @@ type Figures struct {
 	ParamBytes int64                 `json:"param_bytes"`
 	MaxBatch   int                   `json:"max_batch,omitempty"`
 	Layers     []runtime.LayerMemory `json:"layers,omitempty"`
+	// Device is the driver cross-check of a step measured on a device.
+	Device *DeviceCheck `json:"device,omitempty"`
 	// Work and Segments are for Compare's rows.
 	Work     runtime.WorkReport `json:"-"`
 	Segments int                `json:"-"`
@@ -124,7 +128,7 @@ func Run(opt Options) (*Result, error) {
 		return nil, fmt.Errorf("--batch %d, --size %d: both must be positive", opt.Batch, opt.Size)
 	}
 	if opt.NewBackend == nil {
-		opt.NewBackend = runtime.NewShapes
+		opt.NewBackend = shapes
 	}
 	if opt.Source == nil {
 		opt.Source = FileSource(opt.Input)
@@ -188,9 +192,27 @@ func Run(opt Options) (*Result, error) {
 	return res, nil
 }
 
+func shapes() (runtime.Backend, error) { return runtime.NewShapes(), nil }
+
+// DeviceCheck is a device's memory when the forward has ended (every saved
+// activation live): the allocator's count (the runtime's figure), what its
+// pool reserved from the driver, and what the driver says is in use since
+// the device was opened. Consistent means driver >= reserved >= live: the
+// measurement and the device agree.
+type DeviceCheck struct {
+	runtime.DeviceFigures
+	Consistent bool `json:"consistent"`
+}
+
 // measure runs one training step (forward and backward) of v.
-func measure(v variant, batch, size int, nb func() runtime.Backend) (Figures, string, error) {
-	b := nb()
+func measure(v variant, batch, size int, nb func() (runtime.Backend, error)) (Figures, string, error) {
+	b, err := nb()
+	if err != nil {
+		return Figures{}, "", err
+	}
+	if c, ok := b.(io.Closer); ok {
+		defer c.Close()
+	}
 	ex, err := runtime.New(v.g, v.w, b, v.opt)
 	if err != nil {
 		return Figures{}, "", fmt.Errorf("%s: %w", v.name, err)
@@ -204,6 +226,14 @@ func measure(v variant, batch, size int, nb func() runtime.Backend) (Figures, st
 	if err != nil {
 		return Figures{}, "", fmt.Errorf("%s: %w", v.name, err)
 	}
+	var dev *DeviceCheck
+	if d, ok := b.(runtime.DeviceMemory); ok {
+		f, err := d.DeviceMemory()
+		if err != nil {
+			return Figures{}, "", fmt.Errorf("%s: %w", v.name, err)
+		}
+		dev = &DeviceCheck{DeviceFigures: f, Consistent: f.DriverUsedBytes >= f.ReservedBytes && f.ReservedBytes >= f.LiveBytes}
+	}
 	dy := &runtime.HostTensor{Shape: y.Shape}
 	if b.Executes() {
 		dy = runtime.NewHostTensor(y.Shape...)
@@ -213,14 +243,14 @@ func measure(v variant, batch, size int, nb func() runtime.Backend) (Figures, st
 	}
 	m := ex.Memory()
 	return Figures{SavedBytes: m.SavedBytes, PeakBytes: m.PeakBytes, ParamBytes: m.ParamBytes, Layers: m.Layers,
-		Work: ex.Work(), Segments: len(ex.Segments())}, m.Backend, nil
+		Work: ex.Work(), Segments: len(ex.Segments()), Device: dev}, m.Backend, nil
 }
 
 // maxBatch finds the largest batch whose peak fits the budget: it measures
 // two sizes, solves the (affine) peak for the budget, then measures around
 // the estimate until it holds the exact boundary. Measuring, not trusting
 // the line, keeps it right where the allocator's reuse is not affine.
-func maxBatch(v variant, size int, budget int64, nb func() runtime.Backend) (int, error) {
+func maxBatch(v variant, size int, budget int64, nb func() (runtime.Backend, error)) (int, error) {
 	// What must fit is the parameters plus the step's peak (activations,
 	// gradients).
 	peak := func(b int) (int64, error) {

@@ -1,7 +1,9 @@
 package memory
 
 import (
+	"errors"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/abnconvert/abnconvert/runtime"
@@ -42,7 +44,7 @@ func TestShapesMatchCPU(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := Run(Options{Input: fixture("tiny_densenet"), Batch: 2, Size: 32, NewBackend: func() runtime.Backend { return runtime.NewCPU(1) }})
+	b, err := Run(Options{Input: fixture("tiny_densenet"), Batch: 2, Size: 32, NewBackend: func() (runtime.Backend, error) { return runtime.NewCPU(1), nil }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,5 +108,86 @@ func TestPlot(t *testing.T) {
 	}
 	if _, err := Plot("mem.pdf", r); err == nil {
 		t.Fatal("pdf accepted")
+	}
+}
+
+// deviceBackend is the shape-only backend posing as one on a device: its
+// driver figures are the live count plus fixed offsets, and it records
+// whether measure closed it.
+type deviceBackend struct {
+	runtime.Backend
+	pool, driver int64 // added to live for the pool's and the driver's figures
+	err          error
+	closed       *int
+}
+
+func (d deviceBackend) DeviceMemory() (runtime.DeviceFigures, error) {
+	live := d.Stats().LiveBytes
+	return runtime.DeviceFigures{LiveBytes: live, ReservedBytes: live + d.pool, DriverUsedBytes: live + d.driver, TotalBytes: 1 << 30}, d.err
+}
+
+func (d deviceBackend) Close() error {
+	*d.closed++
+	return nil
+}
+
+// TestDeviceCheck: a backend on a device is read after each forward and its
+// driver figure judged against the allocator's; it is closed after the step.
+func TestDeviceCheck(t *testing.T) {
+	tests := []struct {
+		name         string
+		pool, driver int64
+		err          error
+		consistent   bool
+		wantErr      bool
+	}{
+		{name: "driver and pool above live", pool: 4096, driver: 8192, consistent: true},
+		{name: "all equal", consistent: true},
+		{name: "driver below the pool", pool: 4096, driver: 512, consistent: false},
+		{name: "driver below live", pool: 0, driver: -1, consistent: false},
+		{name: "driver error", err: errors.New("cuMemGetInfo: CUDA_ERROR_UNKNOWN"), wantErr: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			closed := 0
+			nb := func() (runtime.Backend, error) {
+				return deviceBackend{Backend: runtime.NewShapes(), pool: tc.pool, driver: tc.driver, err: tc.err, closed: &closed}, nil
+			}
+			r, err := Run(Options{Input: fixture("tiny_resnet_basic"), Batch: 2, Size: 32, NewBackend: nb})
+			if tc.wantErr {
+				if err == nil || !strings.Contains(err.Error(), "CUDA_ERROR_UNKNOWN") {
+					t.Fatalf("error %v, want the driver's", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, f := range []Figures{r.Original, r.Converted} {
+				d := f.Device
+				if d == nil {
+					t.Fatal("no device check")
+				}
+				// At the end of the forward the parameters and the saved
+				// activations are live.
+				if d.LiveBytes < f.SavedBytes+f.ParamBytes || d.LiveBytes > f.PeakBytes+f.ParamBytes {
+					t.Errorf("live %d at the forward's end: want saved %d + params %d up to peak %d", d.LiveBytes, f.SavedBytes, f.ParamBytes, f.PeakBytes)
+				}
+				if d.Consistent != tc.consistent {
+					t.Errorf("consistent %v, want %v (%+v)", d.Consistent, tc.consistent, d.DeviceFigures)
+				}
+			}
+			if closed != len(r.Techniques) {
+				t.Errorf("%d backends closed, want %d", closed, len(r.Techniques))
+			}
+		})
+	}
+	// The shape-only backend has no device to check.
+	r, err := Run(Options{Input: fixture("tiny_resnet_basic"), Batch: 2, Size: 32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Original.Device != nil {
+		t.Errorf("device check %+v from the shape-only backend", r.Original.Device)
 	}
 }

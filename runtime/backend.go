@@ -105,6 +105,29 @@ type AllocStats struct {
 	Allocs int `json:"allocs"`
 }
 
+// DeviceMemory is implemented by backends on a device whose driver keeps
+// its own count (cuda): it lets a measurement cross-check the allocator's
+// figures, which are the runtime's, against the driver's.
+type DeviceMemory interface {
+	// DeviceMemory reads the figures after the queued work has run.
+	DeviceMemory() (DeviceFigures, error)
+}
+
+// DeviceFigures are a device's memory figures at one moment.
+type DeviceFigures struct {
+	// LiveBytes is the backend's own count (Stats().LiveBytes).
+	LiveBytes int64 `json:"live_bytes"`
+	// ReservedBytes is what the backend's allocator holds from the
+	// driver: live blocks (rounded), scratch buffers and cached free
+	// blocks.
+	ReservedBytes int64 `json:"reserved_bytes"`
+	// DriverUsedBytes is the driver's used memory (total minus free) above
+	// what it was when the device was opened.
+	DriverUsedBytes int64 `json:"driver_used_bytes"`
+	// TotalBytes is the device's memory.
+	TotalBytes int64 `json:"total_bytes"`
+}
+
 // Transfer moves data between the host and the backend.
 type Transfer interface {
 	// Upload writes src (row-major, len = numel) into dst, converting to
