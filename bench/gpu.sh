@@ -59,6 +59,7 @@ BATCH=${BATCH:-32}
 SIZE=${SIZE:-224}
 SHAPES=${SHAPES:-32x64x112x112,32x256x56x56,32x512x28x28,256x2048x7x7}
 DEVICE=cuda
+STEPS=2 # training steps per network in TestGPUTrainingMemory (the first warms up the pool)
 if [ $DRY = 1 ]; then
 	# Small sizes on the CPU: checks the plumbing, measures nothing.
 	PYTHON=${PYTHON:-/usr/bin/python3}
@@ -73,7 +74,7 @@ if [ $EMU = 1 ]; then
 	fi
 	export LD_LIBRARY_PATH=$PWD/bin/emudriver${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 	PYTHON=${PYTHON:-/usr/bin/python3}
-	BATCH=${EMU_BATCH:-2} SIZE=${EMU_SIZE:-64} SHAPES=${EMU_SHAPES:-2x16x16x16,2x8x7x7} DEVICE=cpu
+	BATCH=${EMU_BATCH:-2} SIZE=${EMU_SIZE:-64} SHAPES=${EMU_SHAPES:-2x16x16x16,2x8x7x7} DEVICE=cpu STEPS=1
 fi
 FAILED=0
 fail() { # fail MESSAGE: note a failed check for the report and the exit status
@@ -180,7 +181,7 @@ for m in ${MODELS//,/ }; do
 done
 grep '"kind": "torch_memory"' "$LOG" >>"$JSONL" || true
 if [ $DRY = 0 ] && [ -n "$CKPTS" ]; then
-	(cd cuda && ABN_GPU_CHECKPOINTS="$CKPTS" ABN_GPU_BATCH=$BATCH ABN_GPU_SIZE=$SIZE ABN_GPU_REPORT="$JSONL" \
+	(cd cuda && ABN_GPU_CHECKPOINTS="$CKPTS" ABN_GPU_BATCH=$BATCH ABN_GPU_SIZE=$SIZE ABN_GPU_STEPS=$STEPS ABN_GPU_REPORT="$JSONL" \
 		"../$TEST" -test.run 'TestGPUTrainingMemory' -test.v -test.timeout 500s) >>"$LOG" 2>&1 ||
 		fail "TestGPUTrainingMemory failed: see $NAME.log"
 fi

@@ -292,6 +292,12 @@ def cmd_render(a):
           "once, parameters excluded) and torch.cuda.max_memory_allocated above the start of the step; the converted "
           "module is the one abnconvert emitted, run with %s.\n" % (b.get("batch"), b.get("size"), b.get("size"),
                                                                      "fixtures/standin's inplace_abn"))
+        if any(r.get("arch", "").startswith("densenet") and r["variant"] == "converted" for r in mem):
+            p("For a converted DenseNet the runtime's saved figure includes the two shared buffers (the widest "
+              "dense layer's concatenation and normalised output), which the memory-efficient DenseNet allocates "
+              "once and keeps through the backward; the emitted module recomputes under torch.utils.checkpoint, "
+              "which allocates them only during the backward, so PyTorch's hooks see less at the end of the "
+              "forward.\n")
         for r in mem:
             if r["shape_only_saved_bytes"] != r["saved_bytes"] or r["shape_only_peak_bytes"] != r["peak_bytes"]:
                 p("- MISMATCH %s %s: shape-only backend saved %d peak %d" % (r["checkpoint"], r["variant"],

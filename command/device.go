@@ -4,13 +4,14 @@ package command
 
 import (
 	"fmt"
+	"io"
 
 	"github.com/abnconvert/abnconvert/runtime"
 )
 
 // backendFor returns the runtime backend of a --device. This binary was
 // built without the cuda tag, so only the CPU is available.
-func backendFor(device string) (func() (runtime.Backend, error), error) {
+func backendFor(device string, _ io.Writer) (func() (runtime.Backend, error), error) {
 	switch device {
 	case "", "cpu":
 		return func() (runtime.Backend, error) { return runtime.NewCPU(0), nil }, nil

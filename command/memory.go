@@ -68,7 +68,11 @@ func memoryAction(c *cli.Context) error {
 	if c.NArg() != 1 {
 		return cli.Exit("memory takes one checkpoint path (see abnconvert memory --help)", ExitBadInput)
 	}
-	nb, err := backendFor(c.String("device"))
+	var progress io.Writer
+	if !c.Bool("quiet") {
+		progress = c.App.ErrWriter
+	}
+	nb, err := backendFor(c.String("device"), progress)
 	if err != nil {
 		return cli.Exit(err.Error(), ExitBadInput)
 	}

@@ -63,14 +63,14 @@ func verifyAction(c *cli.Context) error {
 	if opt.Original == "" || opt.Converted == "" {
 		return cli.Exit("both --original and --converted are required (see abnconvert verify --help)", ExitBadInput)
 	}
-	nb, err := backendFor(opt.Device)
+	if !c.Bool("quiet") {
+		opt.Progress = c.App.ErrWriter
+	}
+	nb, err := backendFor(opt.Device, opt.Progress)
 	if err != nil {
 		return cli.Exit(err.Error(), ExitBadInput)
 	}
 	opt.NewBackend = nb
-	if !c.Bool("quiet") {
-		opt.Progress = c.App.ErrWriter
-	}
 	res, err := verify.Run(opt)
 	if err != nil {
 		return cli.Exit(oneLine(err.Error()), ExitBadInput)

@@ -27,6 +27,7 @@ import (
 //	ABN_GPU_SHAPES=NxCxHxW,... its tensors (four activation sizes of resnet50 at batch 32)
 //	ABN_GPU_CHECKPOINTS=a,b    run TestGPUTrainingMemory on these .pth files
 //	ABN_GPU_BATCH, ABN_GPU_SIZE  its batch and image size (32, 224)
+//	ABN_GPU_STEPS              its training steps per network (2: the first warms up the pool)
 
 func openOrSkip(t testing.TB) *Backend {
 	t.Helper()
@@ -305,6 +306,7 @@ func TestGPUTrainingMemory(t *testing.T) {
 	}
 	b := openOrSkip(t)
 	batch, size := envInt("ABN_GPU_BATCH", 32), envInt("ABN_GPU_SIZE", 224)
+	steps := envInt("ABN_GPU_STEPS", 2)
 	x := randomInput(4, batch, 3, size, size)
 	for _, path := range strings.Split(list, ",") {
 		for _, converted := range []bool{false, true} {
@@ -328,7 +330,7 @@ func TestGPUTrainingMemory(t *testing.T) {
 				defer e.Close()
 				var mc MemCheck
 				var took time.Duration
-				for i := 0; i < 2; i++ { // the first step warms up the pool
+				for i := 0; i < steps; i++ { // the first of two warms up the pool
 					start := time.Now()
 					out, err := e.Forward(x, true)
 					if err != nil {
