@@ -73,7 +73,7 @@ func TestDeviceCUDA(t *testing.T) {
 			}
 		}
 		code, stdout, _ := run("memory", fixture, "--batch", "2", "--size", "32", "--device", "cuda", "--quiet")
-		if code != 0 || !strings.Contains(stdout, "device after the converted forward") || !strings.Contains(stdout, "consistent") {
+		if code != 0 || !strings.Contains(stdout, "device, converted: after the forward") || !strings.Contains(stdout, "consistent") {
 			t.Errorf("exit %d:\n%s", code, stdout)
 		}
 	})

@@ -160,12 +160,17 @@ func writeMemory(w io.Writer, r *memory.Result) {
 		if d == nil {
 			continue
 		}
-		verdict := "consistent (driver >= pool >= live)"
+		verdict := "consistent"
 		if !d.Consistent {
-			verdict = "INCONSISTENT: the driver shows less in use than the allocator holds"
+			verdict = "INCONSISTENT"
 		}
-		fmt.Fprintf(w, "device after the %s forward: live %.1f MiB, pool %.1f MiB, driver %.1f MiB of %.1f GiB: %s\n",
-			v.name, mibf(d.LiveBytes), mibf(d.ReservedBytes), mibf(d.DriverUsedBytes), float64(d.TotalBytes)/(1<<30), verdict)
+		fmt.Fprintf(w, "device, %s: after the forward live %.1f MiB, pool %.1f MiB, driver %.1f MiB; pool peak %.1f MiB of %.1f GiB: %s\n",
+			v.name, mibf(d.LiveBytes), mibf(d.ReservedBytes), mibf(d.DriverUsedBytes), mibf(d.PeakReservedBytes), float64(d.TotalBytes)/(1<<30), verdict)
+	}
+	if r.Original.Device != nil {
+		fmt.Fprintln(w, "device: live is the allocator's count (parameters included), pool what its cache holds from the driver\n"+
+			"(emptied before each step), driver the device's used memory since abnconvert opened it; consistent:\n"+
+			"driver >= pool >= live, and the pool's peak holds the step's peak plus parameters")
 	}
 }
 

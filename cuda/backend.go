@@ -393,8 +393,8 @@ func (b *Backend) DeviceMemory() (runtime.DeviceFigures, error) {
 	if err != nil {
 		return runtime.DeviceFigures{}, err
 	}
-	return runtime.DeviceFigures{LiveBytes: m.LiveBytes, ReservedBytes: m.ReservedBytes, DriverUsedBytes: m.DriverDelta(),
-		TotalBytes: m.DriverTotalBytes}, nil
+	return runtime.DeviceFigures{LiveBytes: m.LiveBytes, ReservedBytes: m.ReservedBytes, PeakReservedBytes: m.PeakReservedBytes,
+		DriverUsedBytes: m.DriverDelta(), TotalBytes: m.DriverTotalBytes}, nil
 }
 
 // TrimCache gives the cached free blocks of the device's pool back to the

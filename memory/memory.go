@@ -194,10 +194,13 @@ func Run(opt Options) (*Result, error) {
 
 func shapes() (runtime.Backend, error) { return runtime.NewShapes(), nil }
 
-// DeviceCheck is a device's memory when the forward has ended (every saved
-// activation live): the allocator's count (the runtime's figure), what its
-// pool reserved from the driver, and what the driver says is in use since
-// the device was opened. Consistent means driver >= reserved >= live: the
+// DeviceCheck is a step measured on a device, against its driver: the
+// device's figures when the forward has ended (every saved activation live:
+// the allocator's count, which is the runtime's figure, what its pool
+// reserved from the driver, and what the driver says is in use since the
+// device was opened), and the pool's peak over the step, the cache emptied
+// before it. Consistent means driver >= pool >= live at the forward's end,
+// and a pool peak that holds the runtime's peak and the parameters: the
 // measurement and the device agree.
 type DeviceCheck struct {
 	runtime.DeviceFigures
@@ -213,6 +216,12 @@ func measure(v variant, batch, size int, nb func() (runtime.Backend, error)) (Fi
 	if c, ok := b.(io.Closer); ok {
 		defer c.Close()
 	}
+	dm, _ := b.(runtime.DeviceMemory)
+	if dm != nil {
+		if err := dm.TrimCache(); err != nil {
+			return Figures{}, "", fmt.Errorf("%s: %w", v.name, err)
+		}
+	}
 	ex, err := runtime.New(v.g, v.w, b, v.opt)
 	if err != nil {
 		return Figures{}, "", fmt.Errorf("%s: %w", v.name, err)
@@ -227,12 +236,12 @@ func measure(v variant, batch, size int, nb func() (runtime.Backend, error)) (Fi
 		return Figures{}, "", fmt.Errorf("%s: %w", v.name, err)
 	}
 	var dev *DeviceCheck
-	if d, ok := b.(runtime.DeviceMemory); ok {
-		f, err := d.DeviceMemory()
+	if dm != nil {
+		f, err := dm.DeviceMemory()
 		if err != nil {
 			return Figures{}, "", fmt.Errorf("%s: %w", v.name, err)
 		}
-		dev = &DeviceCheck{DeviceFigures: f, Consistent: f.DriverUsedBytes >= f.ReservedBytes && f.ReservedBytes >= f.LiveBytes}
+		dev = &DeviceCheck{DeviceFigures: f}
 	}
 	dy := &runtime.HostTensor{Shape: y.Shape}
 	if b.Executes() {
@@ -242,6 +251,16 @@ func measure(v variant, batch, size int, nb func() (runtime.Backend, error)) (Fi
 		return Figures{}, "", fmt.Errorf("%s: %w", v.name, err)
 	}
 	m := ex.Memory()
+	if dev != nil {
+		end, err := dm.DeviceMemory()
+		if err != nil {
+			return Figures{}, "", fmt.Errorf("%s: %w", v.name, err)
+		}
+		f := &dev.DeviceFigures
+		f.PeakReservedBytes = end.PeakReservedBytes
+		dev.Consistent = f.DriverUsedBytes >= f.ReservedBytes && f.ReservedBytes >= f.LiveBytes &&
+			f.PeakReservedBytes >= m.PeakBytes+m.ParamBytes
+	}
 	return Figures{SavedBytes: m.SavedBytes, PeakBytes: m.PeakBytes, ParamBytes: m.ParamBytes, Layers: m.Layers,
 		Work: ex.Work(), Segments: len(ex.Segments()), Device: dev}, m.Backend, nil
 }

@@ -112,18 +112,25 @@ func TestPlot(t *testing.T) {
 }
 
 // deviceBackend is the shape-only backend posing as one on a device: its
-// driver figures are the live count plus fixed offsets, and it records
+// pool and driver figures are the live count plus fixed offsets (its pool
+// peak the allocator's peak plus an offset), and it records the trims and
 // whether measure closed it.
 type deviceBackend struct {
 	runtime.Backend
-	pool, driver int64 // added to live for the pool's and the driver's figures
-	err          error
-	closed       *int
+	pool, driver, peak int64 // added to live (peak: to the peak) for the pool's and the driver's figures
+	err                error
+	trims, closed      *int
 }
 
 func (d deviceBackend) DeviceMemory() (runtime.DeviceFigures, error) {
-	live := d.Stats().LiveBytes
-	return runtime.DeviceFigures{LiveBytes: live, ReservedBytes: live + d.pool, DriverUsedBytes: live + d.driver, TotalBytes: 1 << 30}, d.err
+	st := d.Stats()
+	return runtime.DeviceFigures{LiveBytes: st.LiveBytes, ReservedBytes: st.LiveBytes + d.pool, PeakReservedBytes: st.PeakBytes + d.pool + d.peak,
+		DriverUsedBytes: st.LiveBytes + d.driver, TotalBytes: 1 << 30}, d.err
+}
+
+func (d deviceBackend) TrimCache() error {
+	*d.trims++
+	return nil
 }
 
 func (d deviceBackend) Close() error {
@@ -135,23 +142,25 @@ func (d deviceBackend) Close() error {
 // driver figure judged against the allocator's; it is closed after the step.
 func TestDeviceCheck(t *testing.T) {
 	tests := []struct {
-		name         string
-		pool, driver int64
-		err          error
-		consistent   bool
-		wantErr      bool
+		name               string
+		pool, driver, peak int64
+		err                error
+		consistent         bool
+		wantErr            bool
 	}{
 		{name: "driver and pool above live", pool: 4096, driver: 8192, consistent: true},
 		{name: "all equal", consistent: true},
 		{name: "driver below the pool", pool: 4096, driver: 512, consistent: false},
 		{name: "driver below live", pool: 0, driver: -1, consistent: false},
+		{name: "pool peak below the step's", pool: 512, driver: 512, peak: -513, consistent: false},
 		{name: "driver error", err: errors.New("cuMemGetInfo: CUDA_ERROR_UNKNOWN"), wantErr: true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			closed := 0
+			trims, closed := 0, 0
 			nb := func() (runtime.Backend, error) {
-				return deviceBackend{Backend: runtime.NewShapes(), pool: tc.pool, driver: tc.driver, err: tc.err, closed: &closed}, nil
+				return deviceBackend{Backend: runtime.NewShapes(), pool: tc.pool, driver: tc.driver, peak: tc.peak, err: tc.err,
+					trims: &trims, closed: &closed}, nil
 			}
 			r, err := Run(Options{Input: fixture("tiny_resnet_basic"), Batch: 2, Size: 32, NewBackend: nb})
 			if tc.wantErr {
@@ -177,8 +186,8 @@ func TestDeviceCheck(t *testing.T) {
 					t.Errorf("consistent %v, want %v (%+v)", d.Consistent, tc.consistent, d.DeviceFigures)
 				}
 			}
-			if closed != len(r.Techniques) {
-				t.Errorf("%d backends closed, want %d", closed, len(r.Techniques))
+			if closed != len(r.Techniques) || trims != len(r.Techniques) {
+				t.Errorf("%d backends closed and %d caches trimmed, want %d", closed, trims, len(r.Techniques))
 			}
 		})
 	}

@@ -111,6 +111,10 @@ type AllocStats struct {
 type DeviceMemory interface {
 	// DeviceMemory reads the figures after the queued work has run.
 	DeviceMemory() (DeviceFigures, error)
+	// TrimCache gives the allocator's cached free blocks back to the
+	// driver and restarts PeakReservedBytes, so that the next figures are
+	// one measurement's own.
+	TrimCache() error
 }
 
 // DeviceFigures are a device's memory figures at one moment.
@@ -121,6 +125,9 @@ type DeviceFigures struct {
 	// driver: live blocks (rounded), scratch buffers and cached free
 	// blocks.
 	ReservedBytes int64 `json:"reserved_bytes"`
+	// PeakReservedBytes is the most ReservedBytes has been since the last
+	// TrimCache.
+	PeakReservedBytes int64 `json:"peak_reserved_bytes"`
 	// DriverUsedBytes is the driver's used memory (total minus free) above
 	// what it was when the device was opened.
 	DriverUsedBytes int64 `json:"driver_used_bytes"`
