@@ -18,6 +18,9 @@ func TestMemory(t *testing.T) {
 		{filepath.Join(f4, "resnet_module.pth")},
 		{filepath.Join(f4, "custom.pth"), "--graph", filepath.Join(f4, "custom.onnx")},
 		{filepath.Join(f4, "custom.onnx")},
+		// torch's zero Pads before the transitions' AveragePool are
+		// dropped for running; the dense layers get shared buffers.
+		{filepath.Join("..", "onnx", "testdata", "tiny_dense.onnx")},
 	}
 	for _, in := range inputs {
 		args := append([]string{"memory", "--batch", "4", "--size", "32", "--json", "-q"}, in...)
@@ -34,6 +37,9 @@ func TestMemory(t *testing.T) {
 		}
 		if !strings.Contains(stdout, `"saved_bytes"`) || !strings.Contains(stdout, `"peak_bytes"`) {
 			t.Fatalf("%v: JSON lacks saved_bytes/peak_bytes:\n%s", in, stdout)
+		}
+		if strings.HasSuffix(in[0], "tiny_dense.onnx") && !strings.Contains(stdout, "shared DenseNet buffers") {
+			t.Errorf("%v: no shared-buffer row:\n%s", in, stdout)
 		}
 	}
 	dir := t.TempDir()

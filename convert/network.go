@@ -89,6 +89,9 @@ func (n *Network) Rebuild(opt Options) (*graph.Graph, *arch.Match, error) {
 		if err != nil {
 			return nil, nil, err
 		}
+		// The graph is for running (memory measures it; nothing writes
+		// it): torch's zero Pads before AveragePool go.
+		m.DropZeroPads()
 		return m.Graph, n.Match, nil
 	}
 	return structure(n.src, opt)

@@ -84,6 +84,9 @@ type Model struct {
 	params    map[string]*paramSrc
 	// producer is the node that outputs each value name.
 	producer map[string]*nodeInfo
+	// lowered is set when nodes were dropped for running (DropZeroPads):
+	// the graph no longer mirrors the file, so Write refuses.
+	lowered bool
 }
 
 type nodeKind int

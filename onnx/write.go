@@ -77,6 +77,9 @@ func (m *Model) Write(path string, opt WriteOptions) (err error) {
 	if opt.FoldForInference {
 		opt.StandardOps = true
 	}
+	if m.lowered {
+		return fmt.Errorf("%s: writing %s: the model was lowered for running (DropZeroPads); read it again to write it", m.Path, path)
+	}
 	if err := m.checkTarget(path, opt.Force); err != nil {
 		return err
 	}

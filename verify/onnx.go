@@ -220,11 +220,12 @@ func readRunnable(path string, converted bool) (*onnx.Model, error) {
 // zeros (torch exports one before every AveragePool with
 // count_include_pad=True) into nothing.
 func lower(m *onnx.Model, path string) error {
+	m.DropZeroPads()
 	var pm *protoModel
 	g := m.Graph
 	for _, n := range append([]*graph.Node(nil), g.Nodes...) {
 		op := string(n.Op)
-		if !strings.HasPrefix(op, customPrefix) && op != onnx.OpaquePrefix+"Mul" && op != onnx.OpaquePrefix+"Pad" {
+		if !strings.HasPrefix(op, customPrefix) && op != onnx.OpaquePrefix+"Mul" {
 			continue
 		}
 		if pm == nil {
@@ -247,36 +248,11 @@ func lower(m *onnx.Model, path string) error {
 			}
 			continue
 		}
-		if op == onnx.OpaquePrefix+"Pad" {
-			lowerZeroPad(m, n, pn)
-			continue
-		}
 		if err := lowerSignMul(m, n, pn); err != nil {
 			return fmt.Errorf("%s: node %q: %w", path, name, err)
 		}
 	}
 	return g.Validate()
-}
-
-// lowerZeroPad removes a Pad whose pads are all zero: the identity.
-func lowerZeroPad(m *onnx.Model, n *graph.Node, pn *protoNode) {
-	if len(n.Inputs) != 1 || len(pn.inputs) < 2 || pn.inputs[1] == "" {
-		return
-	}
-	if mode, ok := pn.strs["mode"]; ok && mode != "constant" {
-		return
-	}
-	pads, err := m.Weights.Values(pn.inputs[1])
-	if err != nil {
-		return
-	}
-	for _, p := range pads {
-		if p != 0 {
-			return
-		}
-	}
-	m.Graph.ReplaceUses(n.Out, n.Inputs[0])
-	m.Graph.Remove(n)
 }
 
 func lowerABN(m *onnx.Model, n *graph.Node, pn *protoNode) error {
