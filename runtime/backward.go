@@ -199,6 +199,19 @@ func (e *Executor) tempTarget(r *run, shape []int, dt DType, add func(Tensor) er
 
 // paramTarget prepares the gradient of a node's parameter; dst is nil when
 // the node has no such parameter.
+// layerTargets returns the gradient targets of a layer's input (reusing
+// reuse's buffer when inputTarget may), weight and bias.
+func (e *Executor) layerTargets(r *run, nd *graph.Node, reuse *gref) (tx, tw, tb target, err error) {
+	if tx, err = e.inputTarget(r, nd, 0, reuse); err != nil {
+		return
+	}
+	if tw, err = e.paramTarget(r, nd, graph.RoleWeight); err != nil {
+		return
+	}
+	tb, err = e.paramTarget(r, nd, graph.RoleBias)
+	return
+}
+
 func (e *Executor) paramTarget(r *run, nd *graph.Node, role string) (target, error) {
 	key := nd.Params[role]
 	if key == "" {
@@ -238,15 +251,7 @@ func (e *Executor) backward(r *run, i int, nd *graph.Node) error {
 	}
 	switch nd.Op {
 	case graph.OpConv, graph.OpLinear:
-		tx, err := e.inputTarget(r, nd, 0, nil)
-		if err != nil {
-			return err
-		}
-		tw, err := e.paramTarget(r, nd, graph.RoleWeight)
-		if err != nil {
-			return err
-		}
-		tb, err := e.paramTarget(r, nd, graph.RoleBias)
+		tx, tw, tb, err := e.layerTargets(r, nd, nil)
 		if err != nil {
 			return err
 		}
@@ -343,15 +348,7 @@ func (e *Executor) backward(r *run, i int, nd *graph.Node) error {
 // output z alone for InPlace-ABN.
 func (e *Executor) normBackward(r *run, i int, nd *graph.Node, dy *gref, x, y Tensor) error {
 	b := e.b
-	tx, err := e.inputTarget(r, nd, 0, dy)
-	if err != nil {
-		return err
-	}
-	tw, err := e.paramTarget(r, nd, graph.RoleWeight)
-	if err != nil {
-		return err
-	}
-	tb, err := e.paramTarget(r, nd, graph.RoleBias)
+	tx, tw, tb, err := e.layerTargets(r, nd, dy)
 	if err != nil {
 		return err
 	}

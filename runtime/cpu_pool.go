@@ -155,29 +155,35 @@ func (c *cpu) avgPool(y, x Tensor, p PoolParams, back bool) error {
 						}
 						continue
 					}
-					div := float32(hs * ws)
-					if back {
-						g := yd[o] / div
-						for a := h0; a < h1; a++ {
-							row := plane[a*w+w0 : a*w+w1]
-							for b := range row {
-								row[b] += g
-							}
-						}
-						continue
-					}
-					var sum float32
-					for a := h0; a < h1; a++ {
-						for _, v := range plane[a*w+w0 : a*w+w1] {
-							sum += v
-						}
-					}
-					yd[o] = sum / div
+					windowMean(plane, w, h0, h1, w0, w1, float32(hs*ws), &yd[o], back)
 				}
 			}
 		}
 	})
 	return nil
+}
+
+// windowMean sets *y to the sum of the window [h0,h1)x[w0,w1) of a plane w
+// wide over div or, with back, spreads *y/div over the window's gradients:
+// the arithmetic average and adaptive pooling share.
+func windowMean(plane []float32, w, h0, h1, w0, w1 int, div float32, y *float32, back bool) {
+	if back {
+		g := *y / div
+		for a := h0; a < h1; a++ {
+			row := plane[a*w+w0 : a*w+w1]
+			for b := range row {
+				row[b] += g
+			}
+		}
+		return
+	}
+	var sum float32
+	for a := h0; a < h1; a++ {
+		for _, v := range plane[a*w+w0 : a*w+w1] {
+			sum += v
+		}
+	}
+	*y = sum / div
 }
 
 func (c *cpu) AdaptiveAvgPool(y, x Tensor) error { return c.adaptive(y, x, false) }
@@ -206,24 +212,7 @@ func (c *cpu) adaptive(y, x Tensor, back bool) error {
 				for j := 0; j < ow; j++ {
 					w0, w1 := AdaptiveWindow(j, w, ow)
 					o := pl*oh*ow + i*ow + j
-					div := float32((h1 - h0) * (w1 - w0))
-					if back {
-						g := yd[o] / div
-						for a := h0; a < h1; a++ {
-							row := plane[a*w+w0 : a*w+w1]
-							for b := range row {
-								row[b] += g
-							}
-						}
-						continue
-					}
-					var sum float32
-					for a := h0; a < h1; a++ {
-						for _, v := range plane[a*w+w0 : a*w+w1] {
-							sum += v
-						}
-					}
-					yd[o] = sum / div
+					windowMean(plane, w, h0, h1, w0, w1, float32((h1-h0)*(w1-w0)), &yd[o], back)
 				}
 			}
 		}
