@@ -1,12 +1,10 @@
 // Package convert is the conversion job: read a checkpoint, recognise its
 // architecture, run the rewrite pipeline, carry the optimizer state along,
 // and write the converted checkpoint, its Python module and its report,
-// all or nothing.
+// all or nothing (one output set, package output: write.go).
 package convert
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -174,40 +172,25 @@ func Run(opt Options) (*Result, error) {
 	}
 
 	opt.progress("writing %s", opt.Output)
-	if err := ck.Write(opt.Output, pth.WriteOptions{Force: opt.Force, Sync: opt.Fsync}); err != nil {
+	set := outputs(opt.Force, opt.Fsync, opt.Input)
+	defer set.Abort()
+	if err := ck.Stage(set, opt.Output); err != nil {
 		return nil, err
 	}
-	var written []string
-	written = append(written, opt.Output)
-	undo := func() {
-		for _, p := range written {
-			os.Remove(p)
-		}
-	}
 	if module != nil {
-		if err := writeFileAtomic(opt.EmitModule, module, opt.Force, opt.Fsync); err != nil {
-			undo()
+		if err := set.WriteFile(opt.EmitModule, module); err != nil {
 			return nil, err
 		}
-		written = append(written, opt.EmitModule)
 	}
 	res.Seconds = time.Since(start).Seconds()
-	if opt.ReportPath != "" {
-		if err := writeReport(opt, res); err != nil {
-			undo()
-			return nil, err
-		}
+	if err := stageReport(set, opt, res); err != nil {
+		return nil, err
+	}
+	if err := set.Commit(); err != nil {
+		return nil, err
 	}
 	opt.progress("done in %.2fs", res.Seconds)
 	return res, nil
-}
-
-func writeReport(opt Options, res *Result) error {
-	b, err := json.MarshalIndent(res, "", "  ")
-	if err != nil {
-		return err
-	}
-	return writeFileAtomic(opt.ReportPath, append(b, '\n'), opt.Force, opt.Fsync)
 }
 
 func rewriteOptions(opt Options) rewrite.Options {
@@ -276,53 +259,6 @@ func unwrapPathError(err error) error {
 		return pe.Err
 	}
 	return err
-}
-
-// WriteFile writes a small output (a module, a report, a plot) the way every
-// output is written: to a temporary file beside path, optionally synced,
-// then renamed into place, so that readers see the old file or the new one,
-// never half of one. Without force an existing file is refused.
-func WriteFile(path string, data []byte, force, sync bool) error {
-	return writeFileAtomic(path, data, force, sync)
-}
-
-func writeFileAtomic(path string, data []byte, force, sync bool) error {
-	if !force {
-		if _, err := os.Stat(path); err == nil {
-			return fmt.Errorf("%s: already exists (use --force to overwrite)", path)
-		}
-	}
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("%s: %w", path, unwrapPathError(err))
-	}
-	tmp := f.Name()
-	ok := false
-	defer func() {
-		if !ok {
-			f.Close()
-			os.Remove(tmp)
-		}
-	}()
-	if _, err := io.Copy(f, bytes.NewReader(data)); err != nil {
-		return fmt.Errorf("%s: %w", path, unwrapPathError(err))
-	}
-	if err := f.Chmod(0o644); err != nil {
-		return fmt.Errorf("%s: %w", path, err)
-	}
-	if sync {
-		if err := f.Sync(); err != nil {
-			return fmt.Errorf("%s: %w", path, err)
-		}
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("%s: %w", path, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("%s: %w", path, unwrapPathError(err))
-	}
-	ok = true
-	return nil
 }
 
 // WriteTable prints the human summary of a conversion.

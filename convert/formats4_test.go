@@ -159,7 +159,11 @@ func TestSafetensorsConversions(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer src.close()
-		if err := src.write(out, Options{}); err != nil {
+		set := outputs(false, false)
+		if err := src.stage(set, out); err != nil {
+			t.Fatal(err)
+		}
+		if err := set.Commit(); err != nil {
 			t.Fatal(err)
 		}
 		cmd := exec.Command("/usr/bin/python3", filepath.Join("..", "fixtures", "formats4.py"), "check-pth", out, f4("dtypes.safetensors"))

@@ -43,7 +43,7 @@ func runONNX(opt Options, start time.Time) (*Result, error) {
 		res.Notes = append(res.Notes, fmt.Sprintf("%d node(s) the IR does not model were carried through unchanged: %s", len(opaque), summarize(opaque, 6)))
 	}
 	opt.progress("writing %s", opt.Output)
-	wo := onnx.WriteOptions{Force: opt.Force}
+	var wo onnx.WriteOptions
 	switch opt.ONNXOps {
 	case "", "custom":
 	case "standard":
@@ -53,14 +53,17 @@ func runONNX(opt Options, start time.Time) (*Result, error) {
 	default:
 		return nil, fmt.Errorf("--onnx-ops %q: want custom, standard or fold", opt.ONNXOps)
 	}
-	if err := m.Write(opt.Output, wo); err != nil {
+	set := outputs(opt.Force, opt.Fsync, opt.Input)
+	defer set.Abort()
+	if err := m.Stage(set, opt.Output, wo); err != nil {
 		return nil, err
 	}
 	res.Seconds = time.Since(start).Seconds()
-	if opt.ReportPath != "" {
-		if err := writeReport(opt, res); err != nil {
-			return nil, err
-		}
+	if err := stageReport(set, opt, res); err != nil {
+		return nil, err
+	}
+	if err := set.Commit(); err != nil {
+		return nil, err
 	}
 	return res, nil
 }

@@ -172,7 +172,12 @@ func Revert(opt RevertOptions) (*RevertResult, error) {
 		res.Warnings = append(res.Warnings, warn...)
 	}
 	opt.progress("writing %s", opt.Output)
-	if err := s.write(opt.Output, Options{Force: opt.Force, Fsync: opt.Fsync}); err != nil {
+	set := outputs(opt.Force, opt.Fsync, opt.Input, opt.Report)
+	defer set.Abort()
+	if err := s.stage(set, opt.Output); err != nil {
+		return nil, err
+	}
+	if err := set.Commit(); err != nil {
 		return nil, err
 	}
 	res.Seconds = time.Since(start).Seconds()

@@ -3,7 +3,6 @@ package convert
 import (
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -173,38 +172,6 @@ func structure(s *source, opt Options) (*graph.Graph, *arch.Match, error) {
 	return arch.Recognize(s.w, opt.Arch)
 }
 
-// write writes the (converted) state dict to out, in out's format.
-func (s *source) write(out string, opt Options) error {
-	if isSafetensors(out) {
-		if s.st != nil {
-			return s.st.Write(out, safetensors.WriteOptions{Force: opt.Force, Sync: opt.Fsync})
-		}
-		ts, err := safetensors.FromWeights(s.w, func(k string) safetensors.DType { return safetensors.FromTorch(s.torchDType(k)) })
-		if err != nil {
-			return fmt.Errorf("%s: %w", out, err)
-		}
-		return safetensors.WriteTensors(out, ts, map[string]string{"format": "pt"}, safetensors.WriteOptions{Force: opt.Force, Sync: opt.Fsync})
-	}
-	if s.ck != nil {
-		return s.ck.Write(out, pth.WriteOptions{Force: opt.Force, Sync: opt.Fsync})
-	}
-	// Every tensor is held decoded until Write encodes them all (package
-	// pth's writer encodes changed tensors up front): about three times
-	// the checkpoint's size in memory (375 MB peak for resnet50's 100 MB).
-	nc := pth.NewStateDict(out)
-	for _, k := range s.w.Keys() {
-		shape, _ := s.w.Shape(k)
-		v, err := s.w.Values(k)
-		if err != nil {
-			return err
-		}
-		if err := nc.AddTensor(k, s.torchDType(k), shape, v); err != nil {
-			return err
-		}
-	}
-	return nc.Write(out, pth.WriteOptions{Force: opt.Force, Sync: opt.Fsync})
-}
-
 // runState converts a state dict that needs more than Run's .pth path: a
 // safetensors input or output, a whole pickled module, or --graph.
 func runState(opt Options, start time.Time) (*Result, error) {
@@ -266,37 +233,25 @@ func runState(opt Options, start time.Time) (*Result, error) {
 		}
 	}
 	opt.progress("writing %s", opt.Output)
-	if err := s.write(opt.Output, opt); err != nil {
+	set := outputs(opt.Force, opt.Fsync, opt.Input, opt.Graph)
+	defer set.Abort()
+	if err := s.stage(set, opt.Output); err != nil {
 		return nil, err
 	}
-	if err := finish(opt, res, module, start); err != nil {
-		os.Remove(opt.Output)
-		return nil, err
-	}
-	return res, nil
-}
-
-// finish writes the emitted module and the report after the main output,
-// removing what it wrote when a later write fails.
-func finish(opt Options, res *Result, module []byte, start time.Time) error {
-	wroteModule := false
 	if module != nil {
-		if err := writeFileAtomic(opt.EmitModule, module, opt.Force, opt.Fsync); err != nil {
-			return err
+		if err := set.WriteFile(opt.EmitModule, module); err != nil {
+			return nil, err
 		}
-		wroteModule = true
 	}
 	res.Seconds = time.Since(start).Seconds()
-	if opt.ReportPath != "" {
-		if err := writeReport(opt, res); err != nil {
-			if wroteModule {
-				os.Remove(opt.EmitModule)
-			}
-			return err
-		}
+	if err := stageReport(set, opt, res); err != nil {
+		return nil, err
+	}
+	if err := set.Commit(); err != nil {
+		return nil, err
 	}
 	opt.progress("done in %.2fs", res.Seconds)
-	return nil
+	return res, nil
 }
 
 // inspectState is Inspect for the sources of runState: a safetensors file,

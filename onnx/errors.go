@@ -3,6 +3,9 @@ package onnx
 import (
 	"errors"
 	"fmt"
+
+	"github.com/abnconvert/abnconvert/failure"
+	"github.com/abnconvert/abnconvert/output"
 )
 
 // Sentinel errors, for errors.Is. Every error this package returns names
@@ -14,17 +17,19 @@ var (
 	ErrMalformed = errors.New("malformed ONNX model")
 	// ErrUnsupported: valid ONNX that this package does not handle (opset
 	// outside 9-21, a data type it cannot decode, a rewrite it cannot
-	// express in ONNX).
-	ErrUnsupported = errors.New("unsupported ONNX model")
+	// express in ONNX). It carries the class failure.Unsupported, so the
+	// command line exits with its code.
+	ErrUnsupported = failure.As(failure.Unsupported, errors.New("unsupported ONNX model"))
 	// ErrEvalExport: torch exported the model in eval mode and folded every
 	// BatchNormalization into the Conv before it, so there is nothing left
 	// to convert. See EvalExportError.
 	ErrEvalExport = errors.New("eval-mode ONNX export: BatchNormalization folded into Conv")
 	// ErrOutputExists: Write would overwrite an existing file without
 	// WriteOptions.Force.
-	ErrOutputExists = errors.New("output exists")
-	// ErrSameFile: Write was asked to overwrite the model it was read from.
-	ErrSameFile = errors.New("output is the input model")
+	ErrOutputExists = output.ErrExists
+	// ErrSameFile: Write was asked to overwrite the model it was read from,
+	// or an external data file it reads.
+	ErrSameFile = output.ErrInput
 )
 
 // EvalExportError says that a model was exported with

@@ -30,6 +30,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/abnconvert/abnconvert/failure"
 	"github.com/abnconvert/abnconvert/graph"
 	"github.com/abnconvert/abnconvert/onnx/internal/pb"
 )
@@ -160,7 +161,7 @@ func ReadWith(path string, opt ReadOptions) (m *Model, err error) {
 		// The builder checks what it reads; a panic here is a bug, and a
 		// bad file must not take the whole program down with it.
 		if r := recover(); r != nil {
-			m, err = nil, fmt.Errorf("%s: internal error reading ONNX (a bug; please report it): %v", path, r)
+			m, err = nil, failure.Panic(path+": reading ONNX", r)
 		}
 	}()
 	b, err := os.ReadFile(path)

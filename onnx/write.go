@@ -2,13 +2,14 @@ package onnx
 
 import (
 	"fmt"
-	"os"
 	"path/filepath"
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/abnconvert/abnconvert/failure"
 	"github.com/abnconvert/abnconvert/graph"
 	"github.com/abnconvert/abnconvert/onnx/internal/pb"
+	"github.com/abnconvert/abnconvert/output"
 )
 
 // Domain is the custom operator domain of the InPlace-ABN family
@@ -37,13 +38,17 @@ type WriteOptions struct {
 	// Force overwrites an existing output file. The model's own file is
 	// never overwritten.
 	Force bool
+	// Sync flushes the file to disk before renaming it into place (see
+	// output.Options).
+	Sync bool
 }
 
 // maxProto is protobuf's 2 GiB message limit.
 const maxProto = 1<<31 - 1
 
 // Write writes the model, with whatever rewrite its Graph and Weights went
-// through, to path: atomically (a temporary file renamed into place), never
+// through, to path as a one-file output set (package output): atomically (a
+// temporary file renamed into place, removed on failure or a signal), never
 // over the input model, and over another existing file only with Force.
 //
 // What changes and what does not:
@@ -68,10 +73,23 @@ const maxProto = 1<<31 - 1
 // Rewrites the writer cannot express (nodes a rewrite added, changed
 // attributes, ops changed other than BN to the ABN family) are refused
 // with an error naming the node.
-func (m *Model) Write(path string, opt WriteOptions) (err error) {
+func (m *Model) Write(path string, opt WriteOptions) error {
+	set := output.New(output.Options{Force: opt.Force, Sync: opt.Sync})
+	defer set.Abort()
+	if err := m.Stage(set, path, opt); err != nil {
+		return err
+	}
+	return set.Commit()
+}
+
+// Stage writes the model (see Write) into a new output of set at path; it
+// is renamed into place when the set commits. opt.Force and opt.Sync are
+// the set's to decide and are ignored here. Neither the model's file nor
+// any external data file it reads can be an output.
+func (m *Model) Stage(set *output.Set, path string, opt WriteOptions) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			err = fmt.Errorf("%s: internal error writing ONNX (a bug; please report it): %v", path, r)
+			err = failure.Panic(path+": writing ONNX", r)
 		}
 	}()
 	if opt.FoldForInference {
@@ -80,7 +98,15 @@ func (m *Model) Write(path string, opt WriteOptions) (err error) {
 	if m.lowered {
 		return fmt.Errorf("%s: writing %s: the model was lowered for running (DropZeroPads); read it again to write it", m.Path, path)
 	}
-	if err := m.checkTarget(path, opt.Force); err != nil {
+	set.Protect(m.Path)
+	for _, p := range m.params {
+		if p.td.ext != nil {
+			set.Protect(p.td.ext.path)
+		}
+	}
+	// Refuse the destination before the work of assembling the output.
+	f, err := set.Create(path)
+	if err != nil {
 		return err
 	}
 	out, err := m.output(filepath.Dir(path), opt)
@@ -94,65 +120,9 @@ func (m *Model) Write(path string, opt WriteOptions) (err error) {
 	if len(b) > maxProto {
 		return fmt.Errorf("%s: %w: the model is %d bytes, over protobuf's 2 GiB limit", path, ErrUnsupported, len(b))
 	}
-	return writeAtomic(path, b)
-}
-
-// checkTarget refuses to overwrite the input model or any external data
-// file it reads, and an existing file without force.
-func (m *Model) checkTarget(path string, force bool) error {
-	fi, err := os.Stat(path)
-	if err != nil {
-		if os.IsNotExist(err) {
-			return nil
-		}
-		return fmt.Errorf("onnx: %w", err)
-	}
-	protected := []string{m.Path}
-	for _, p := range m.params {
-		if p.td.ext != nil {
-			protected = append(protected, p.td.ext.path)
-		}
-	}
-	for _, p := range protected {
-		if pi, err := os.Stat(p); err == nil && os.SameFile(fi, pi) {
-			return fmt.Errorf("%s: %w (it is %s, which the model reads)", path, ErrSameFile, p)
-		}
-	}
-	if !force {
-		return fmt.Errorf("%s: %w (use --force to overwrite it)", path, ErrOutputExists)
-	}
-	return nil
-}
-
-func writeAtomic(path string, b []byte) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
-	if err != nil {
-		return fmt.Errorf("onnx: %w", err)
-	}
-	tmp := f.Name()
-	ok := false
-	defer func() {
-		if !ok {
-			f.Close()
-			os.Remove(tmp)
-		}
-	}()
 	if _, err := f.Write(b); err != nil {
-		return fmt.Errorf("onnx: writing %s: %w", path, err)
+		return fmt.Errorf("%s: %w", path, err)
 	}
-	if err := f.Sync(); err != nil {
-		return fmt.Errorf("onnx: writing %s: %w", path, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("onnx: writing %s: %w", path, err)
-	}
-	if err := os.Chmod(tmp, 0o644); err != nil {
-		return fmt.Errorf("onnx: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("onnx: %w", err)
-	}
-	ok = true
 	return nil
 }
 

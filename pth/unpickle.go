@@ -10,6 +10,8 @@ import (
 
 	"github.com/nlpodyssey/gopickle/pickle"
 	"github.com/nlpodyssey/gopickle/types"
+
+	"github.com/abnconvert/abnconvert/failure"
 )
 
 // maxDepth bounds the nesting of the object tree, so that a hostile pickle
@@ -73,8 +75,12 @@ func (u *unpickler) run(data []byte) (raw any, err error) {
 }
 
 // errInternal marks a panic in this package's own code, contained so that
-// a bug cannot crash a conversion; the fuzz tests fail on it.
-var errInternal = errors.New("internal error decoding the pickle (please report it)")
+// a bug cannot crash a conversion; the fuzz tests fail on it. It carries
+// the class failure.Internal (exit code 3). A panic inside gopickle (run)
+// is not one: gopickle panics on some malformed pickles (a truncated
+// stack, a bad memo index) instead of returning an error, so those stay
+// "malformed pickle", bad input.
+var errInternal = failure.As(failure.Internal, errors.New("internal error decoding the pickle (please report it)"))
 
 // convertTree is this package's part. It should never panic; if it does,
 // the panic becomes an error that says it is a bug.

@@ -1,17 +1,14 @@
 package pth
 
 import (
-	"bufio"
 	"bytes"
-	"errors"
 	"fmt"
 	"io"
-	"io/fs"
-	"os"
-	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/abnconvert/abnconvert/output"
 )
 
 // WriteOptions controls Write.
@@ -149,16 +146,6 @@ func (c *Checkpoint) plan() (*writePlan, error) {
 	return p, nil
 }
 
-// pathErrorCause drops the *fs.PathError wrapper, whose path (a temporary
-// file's) would only confuse a message that names the output.
-func pathErrorCause(err error) error {
-	var pe *fs.PathError
-	if errors.As(err, &pe) {
-		return pe.Err
-	}
-	return err
-}
-
 func contiguousStride(shape []int) []int {
 	s := make([]int, len(shape))
 	n := 1
@@ -234,70 +221,42 @@ func (c *Checkpoint) copyRecord(z *zipWriter, name string, st *Storage) error {
 	return nil
 }
 
-// Write writes the checkpoint to path (see WriteTo) through a temporary
-// file in the same directory, synced and renamed into place, so that a
-// failed write leaves nothing behind. It refuses to overwrite the input
-// file, and any existing file unless opt.Force is set.
-func (c *Checkpoint) Write(path string, opt WriteOptions) (err error) {
+// Write writes the checkpoint to path (see WriteTo) as a one-file output
+// set (package output): through a temporary file in the same directory,
+// renamed into place once complete, so that a failed or interrupted write
+// leaves nothing behind. It refuses to overwrite the input file, and any
+// existing file unless opt.Force is set. A command with several outputs
+// stages them together with Stage instead.
+func (c *Checkpoint) Write(path string, opt WriteOptions) error {
 	return c.write(path, opt, false)
 }
 
-func (c *Checkpoint) write(path string, opt WriteOptions, force64 bool) (err error) {
-	mode := fs.FileMode(0o644)
-	if st, err := os.Stat(path); err == nil {
-		if os.SameFile(st, c.stat) {
-			return fmt.Errorf("%s: refusing to overwrite the input checkpoint %s", path, c.Path)
-		}
-		if !opt.Force {
-			return fmt.Errorf("%s: file exists (use force to replace it)", path)
-		}
-		if !st.Mode().IsRegular() {
-			return fmt.Errorf("%s: not a regular file", path)
-		}
-		mode = st.Mode().Perm()
-	} else if !errors.Is(err, fs.ErrNotExist) {
+func (c *Checkpoint) write(path string, opt WriteOptions, force64 bool) error {
+	set := output.New(output.Options{Force: opt.Force, Sync: opt.Sync})
+	defer set.Abort()
+	if err := c.stage(set, path, force64); err != nil {
 		return err
 	}
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
+	return set.Commit()
+}
+
+// Stage writes the checkpoint (see WriteTo) into a new output of set at
+// path, streamed to its temporary file; it is renamed into place when the
+// set commits. The input checkpoint is never overwritten.
+func (c *Checkpoint) Stage(set *output.Set, path string) error {
+	return c.stage(set, path, false)
+}
+
+func (c *Checkpoint) stage(set *output.Set, path string, force64 bool) error {
+	if c.stat != nil {
+		set.Protect(c.Path)
+	}
+	f, err := set.Create(path)
 	if err != nil {
-		return fmt.Errorf("%s: creating a temporary file in %s: %w", path, dir, pathErrorCause(err))
+		return err
 	}
-	defer removeOnSignal(tmp.Name())()
-	defer func() {
-		if err != nil {
-			tmp.Close()
-			os.Remove(tmp.Name())
-		}
-	}()
-	bw := bufio.NewWriterSize(withFault(tmp), 1<<16)
-	if _, err = c.writeTo(bw, force64); err != nil {
+	if _, err := c.writeTo(f, force64); err != nil {
 		return fmt.Errorf("%s: %w", path, err)
-	}
-	if err = bw.Flush(); err != nil {
-		return fmt.Errorf("%s: %w", path, err)
-	}
-	if err = tmp.Chmod(mode); err != nil {
-		return fmt.Errorf("%s: %w", path, err)
-	}
-	if opt.Sync {
-		if err = tmp.Sync(); err != nil {
-			return fmt.Errorf("%s: %w", path, err)
-		}
-	}
-	if err = tmp.Close(); err != nil {
-		return fmt.Errorf("%s: %w", path, err)
-	}
-	if err = os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("%s: %w", path, err)
-	}
-	// Make the rename durable; failing to sync a directory is not worth
-	// failing a finished write for.
-	if opt.Sync {
-		if d, derr := os.Open(dir); derr == nil {
-			d.Sync()
-			d.Close()
-		}
 	}
 	return nil
 }

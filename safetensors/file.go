@@ -28,6 +28,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/abnconvert/abnconvert/graph"
+	"github.com/abnconvert/abnconvert/output"
 )
 
 // MaxHeader is the largest header the reference implementation reads
@@ -364,10 +365,20 @@ func (f *File) Tensors() []Tensor {
 }
 
 // Write writes the file with every SetValues change to path (see
-// WriteTensors), keeping the metadata. It refuses to overwrite the input.
+// WriteTensors), keeping the metadata, as a one-file output set. It
+// refuses to overwrite the input.
 func (f *File) Write(path string, opt WriteOptions) error {
-	if st, err := os.Stat(path); err == nil && os.SameFile(st, f.stat) {
-		return fmt.Errorf("%s: refusing to overwrite the input %s", path, f.Path)
+	set := output.New(output.Options{Force: opt.Force, Sync: opt.Sync})
+	defer set.Abort()
+	if err := f.Stage(set, path); err != nil {
+		return err
 	}
-	return WriteTensors(path, f.Tensors(), f.Metadata, opt)
+	return set.Commit()
+}
+
+// Stage writes the file with every SetValues change (see Write) into a new
+// output of set at path; it is renamed into place when the set commits.
+func (f *File) Stage(set *output.Set, path string) error {
+	set.Protect(f.Path)
+	return StageTensors(set, path, f.Tensors(), f.Metadata)
 }

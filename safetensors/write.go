@@ -1,20 +1,16 @@
 package safetensors
 
 import (
-	"bufio"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"io"
-	"io/fs"
-	"os"
-	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
 	"unicode/utf8"
 
 	"github.com/abnconvert/abnconvert/graph"
+	"github.com/abnconvert/abnconvert/output"
 )
 
 // WriteOptions steer WriteTensors.
@@ -165,66 +161,55 @@ func jsonString(b *strings.Builder, s string) {
 }
 
 // WriteTensors writes a safetensors file laid out as the reference writer
-// lays it out (see Layout), through a temporary file in the same directory
-// renamed into place, so that a failed write leaves nothing behind.
-func WriteTensors(path string, tensors []Tensor, metadata map[string]string, opt WriteOptions) (err error) {
+// lays it out (see Layout) as a one-file output set (package output):
+// through a temporary file in the same directory renamed into place, so
+// that a failed or interrupted write leaves nothing behind.
+func WriteTensors(path string, tensors []Tensor, metadata map[string]string, opt WriteOptions) error {
+	set := output.New(output.Options{Force: opt.Force, Sync: opt.Sync})
+	defer set.Abort()
+	if err := StageTensors(set, path, tensors, metadata); err != nil {
+		return err
+	}
+	return set.Commit()
+}
+
+// StageTensors writes a safetensors file (see WriteTensors) into a new
+// output of set at path, streaming each tensor to its temporary file; it is
+// renamed into place when the set commits.
+func StageTensors(set *output.Set, path string, tensors []Tensor, metadata map[string]string) error {
 	hdr, ordered, err := Layout(tensors, metadata)
 	if err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}
-	mode := fs.FileMode(0o644)
-	if st, err := os.Stat(path); err == nil {
-		if !opt.Force {
-			return fmt.Errorf("%s: already exists (use --force to overwrite)", path)
-		}
-		if !st.Mode().IsRegular() {
-			return fmt.Errorf("%s: not a regular file", path)
-		}
-		mode = st.Mode().Perm()
-	} else if !errors.Is(err, fs.ErrNotExist) {
+	f, err := set.Create(path)
+	if err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("%s: %w", path, pathCause(err))
+	if err := Encode(f, hdr, ordered); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
 	}
-	defer func() {
-		if err != nil {
-			tmp.Close()
-			os.Remove(tmp.Name())
-		}
-	}()
-	bw := bufio.NewWriterSize(tmp, 1<<16)
+	return nil
+}
+
+// Encode writes a header and tensors as Layout returned them to w.
+func Encode(w io.Writer, header []byte, ordered []Tensor) error {
 	var n [8]byte
-	binary.LittleEndian.PutUint64(n[:], uint64(len(hdr)))
-	bw.Write(n[:])
-	bw.Write(hdr)
+	binary.LittleEndian.PutUint64(n[:], uint64(len(header)))
+	if _, err := w.Write(n[:]); err != nil {
+		return err
+	}
+	if _, err := w.Write(header); err != nil {
+		return err
+	}
 	for _, t := range ordered {
 		want := int64(graph.Numel(t.Shape) * t.DType.Size())
-		cw := &countWriter{w: bw}
-		if err = t.Write(cw); err != nil {
-			return fmt.Errorf("%s: tensor %q: %w", path, t.Name, err)
+		cw := &countWriter{w: w}
+		if err := t.Write(cw); err != nil {
+			return fmt.Errorf("tensor %q: %w", t.Name, err)
 		}
 		if cw.n != want {
-			return fmt.Errorf("%s: tensor %q: wrote %d bytes, its shape %v of %s needs %d", path, t.Name, cw.n, t.Shape, t.DType, want)
+			return fmt.Errorf("tensor %q: wrote %d bytes, its shape %v of %s needs %d", t.Name, cw.n, t.Shape, t.DType, want)
 		}
-	}
-	if err = bw.Flush(); err != nil {
-		return fmt.Errorf("%s: %w", path, pathCause(err))
-	}
-	if err = tmp.Chmod(mode); err != nil {
-		return fmt.Errorf("%s: %w", path, pathCause(err))
-	}
-	if opt.Sync {
-		if err = tmp.Sync(); err != nil {
-			return fmt.Errorf("%s: %w", path, pathCause(err))
-		}
-	}
-	if err = tmp.Close(); err != nil {
-		return fmt.Errorf("%s: %w", path, pathCause(err))
-	}
-	if err = os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("%s: %w", path, pathCause(err))
 	}
 	return nil
 }
@@ -238,16 +223,6 @@ func (c *countWriter) Write(p []byte) (int, error) {
 	n, err := c.w.Write(p)
 	c.n += int64(n)
 	return n, err
-}
-
-// pathCause drops the *fs.PathError wrapper, whose path (a temporary
-// file's) would only confuse a message that names the output.
-func pathCause(err error) error {
-	var pe *fs.PathError
-	if errors.As(err, &pe) {
-		return pe.Err
-	}
-	return err
 }
 
 // FromWeights describes every tensor of a state dict for WriteTensors, in

@@ -1,0 +1,73 @@
+package output
+
+import (
+	"io"
+	"path/filepath"
+	"sync/atomic"
+	"time"
+)
+
+// injected is the fault InjectFault set, nil when none.
+var injected atomic.Pointer[fault]
+
+type fault struct {
+	pattern string
+	after   int64
+	err     error
+}
+
+// InjectFault makes every file staged later whose destination's base name
+// matches pattern (filepath.Match; "" matches every file) fail once after
+// bytes have reached its temporary file, as a full disk (syscall.ENOSPC)
+// or a write cut short by the system (syscall.EIO, syscall.EINTR) would
+// fail it; restore removes the fault. With a nil err the write stalls
+// there instead, as on a disk that stops answering, for tests that
+// interrupt a write in progress. It exists so that tests of every writer,
+// in process or in a child process, can make any output fail midway;
+// production code never calls it. It is not safe to use from tests
+// running in parallel.
+func InjectFault(pattern string, after int64, err error) (restore func()) {
+	injected.Store(&fault{pattern: pattern, after: after, err: err})
+	return func() { injected.Store(nil) }
+}
+
+// withFault wraps a staged file's writes with the injected fault, if any
+// applies to its destination.
+func withFault(dest string, w io.Writer) io.Writer {
+	f := injected.Load()
+	if f == nil {
+		return w
+	}
+	if f.pattern != "" {
+		if ok, _ := filepath.Match(f.pattern, filepath.Base(dest)); !ok {
+			return w
+		}
+	}
+	return &faultWriter{w: w, left: f.after, err: f.err}
+}
+
+// faultWriter passes bytes through until left is spent, then fails.
+type faultWriter struct {
+	w    io.Writer
+	left int64
+	err  error
+}
+
+func (f *faultWriter) Write(p []byte) (int, error) {
+	if int64(len(p)) <= f.left {
+		n, err := f.w.Write(p)
+		f.left -= int64(n)
+		return n, err
+	}
+	n, err := f.w.Write(p[:f.left])
+	f.left -= int64(n)
+	if err != nil {
+		return n, err
+	}
+	if f.err == nil {
+		for {
+			time.Sleep(time.Hour) // a sleeping goroutine, not a deadlock
+		}
+	}
+	return n, f.err
+}
