@@ -13,24 +13,22 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/abnconvert/abnconvert/convert"
+	"github.com/abnconvert/abnconvert/failure"
 	"github.com/abnconvert/abnconvert/verify"
 )
 
-// Exit codes that scripts can rely on.
+// Exit codes that scripts can rely on: the error classes of package
+// failure, whose Of maps every error to one.
 const (
-	ExitOK       = 0
-	ExitMismatch = 1 // verify: the conversion changed the outputs
-	ExitBadInput = 2 // bad input, bad usage, or a refused conversion
-	ExitInternal = 3 // a bug in abnconvert
+	ExitOK          = int(failure.OK)
+	ExitMismatch    = int(failure.Mismatch)    // verify: the conversion changed the outputs
+	ExitBadInput    = int(failure.BadInput)    // bad input, bad usage, or a refused conversion
+	ExitInternal    = int(failure.Internal)    // a bug in abnconvert (a recovered panic included)
+	ExitUnsupported = int(failure.Unsupported) // the network uses an op abnconvert does not support yet
 )
 
 // Version is set at build time with -ldflags "-X .../command.Version=...".
 var Version = "dev"
-
-// usageError marks errors that are the caller's, to exit 2.
-type usageError struct{ msg string }
-
-func (e usageError) Error() string { return e.msg }
 
 // Main runs the command line and returns the process exit code. It never
 // panics: a panic is a bug and is reported as one, with exit code 3.
@@ -46,15 +44,21 @@ func Main(args []string, stdout, stderr io.Writer) (code int) {
 	if err == nil {
 		return ExitOK
 	}
+	if msg := oneLine(err.Error()); msg != "" {
+		fmt.Fprintln(stderr, "abnconvert: "+msg)
+	}
+	return exitCode(err)
+}
+
+// exitCode is an error's exit code: a usage error's (cli.Exit, exit 2, or
+// verify's silent exit 1), else its class (failure.Of: bad input unless
+// the error says otherwise where its cause is known).
+func exitCode(err error) int {
 	var ec cli.ExitCoder
 	if errors.As(err, &ec) {
-		if msg := err.Error(); msg != "" {
-			fmt.Fprintln(stderr, "abnconvert: "+msg)
-		}
 		return ec.ExitCode()
 	}
-	fmt.Fprintln(stderr, "abnconvert: "+oneLine(err.Error()))
-	return ExitBadInput
+	return int(failure.Of(err))
 }
 
 func oneLine(s string) string { return strings.ReplaceAll(strings.TrimSpace(s), "\n", "; ") }
@@ -91,8 +95,15 @@ plain ReLU, so BN + ReLU follows --relu: "leaky" (default) uses leaky_relu(--slo
 the InPlace-ABN authors trained, and CHANGES the outputs (fine-tune after converting);
 "abn" keeps ReLU exactly with the ABN layer (no in-place saving there); "error" refuses.
 
-Exit codes: 0 success, 1 verification found a difference, 2 bad input or usage
-(one line on stderr names the file and the problem), 3 internal error.
+Exit codes (every command):
+  0  success
+  1  verification found a difference (verify, --verify)
+  2  bad input or usage: one line on stderr names the file and the problem
+  3  internal error: a bug in abnconvert (please report it)
+  4  the network uses an op abnconvert does not support yet (the input is valid)
+On any error no output is written: every output is staged beside its destination
+and renamed into place only once all of them are complete, so existing files stay
+as they were; an interrupted run (Ctrl-C, SIGTERM) removes what it staged.
 
 Examples:
   abnconvert --input resnet50.pth --output resnet50_abn.pth --emit-module resnet50_abn.py
@@ -214,7 +225,7 @@ func convertAction(c *cli.Context) error {
 	}
 	res, err := convert.Run(opt)
 	if err != nil {
-		return cli.Exit(oneLine(err.Error()), ExitBadInput)
+		return err
 	}
 	var ver *verify.Result
 	if c.Bool("verify") {
@@ -223,7 +234,7 @@ func convertAction(c *cli.Context) error {
 			vopt.Progress = c.App.ErrWriter
 		}
 		if ver, err = verify.Run(vopt); err != nil {
-			return cli.Exit(oneLine(err.Error()), ExitBadInput)
+			return err
 		}
 	}
 	switch {
@@ -263,7 +274,7 @@ func inspectAction(c *cli.Context) error {
 		Arch: c.String("arch"), ReLU: c.String("relu"), Slope: c.Float64("slope"), Graph: c.String("graph"),
 	})
 	if err != nil {
-		return cli.Exit(oneLine(err.Error()), ExitBadInput)
+		return err
 	}
 	if c.Bool("json") {
 		enc := json.NewEncoder(c.App.Writer)

@@ -15,6 +15,7 @@ import (
 	"github.com/abnconvert/abnconvert/convert"
 	"github.com/abnconvert/abnconvert/graph"
 	"github.com/abnconvert/abnconvert/memory"
+	"github.com/abnconvert/abnconvert/output"
 	"github.com/abnconvert/abnconvert/runtime"
 )
 
@@ -54,6 +55,7 @@ func memoryCommand() *cli.Command {
 			&cli.BoolFlag{Name: "layers", Usage: "include the per-layer breakdown (--compare: the checkpoint segments) in --json output"},
 			&cli.BoolFlag{Name: "json", Usage: "print the result as JSON"},
 			&cli.BoolFlag{Name: "force", Aliases: []string{"f"}, Usage: "overwrite an existing --plot file"},
+			&cli.BoolFlag{Name: "fsync", Usage: "flush the --plot file to disk before renaming it into place"},
 			&cli.BoolFlag{Name: "quiet", Aliases: []string{"q"}, Usage: "no progress lines"},
 			&cli.StringFlag{Name: "device", Value: "cpu", Usage: "where the step runs: cpu (shape-only measurement, no arithmetic), or cuda (on the GPU, cross-checked with the driver; a binary built with `make cuda`)"},
 		},
@@ -74,7 +76,7 @@ func memoryAction(c *cli.Context) error {
 	}
 	nb, err := backendFor(c.String("device"), progress)
 	if err != nil {
-		return cli.Exit(err.Error(), ExitBadInput)
+		return err
 	}
 	opt := memory.Options{
 		Input: c.Args().First(), Arch: c.String("arch"), ReLU: c.String("relu"), Slope: c.Float64("slope"),
@@ -112,15 +114,15 @@ func memoryAction(c *cli.Context) error {
 	}
 	res, err := memory.Run(opt)
 	if err != nil {
-		return cli.Exit(oneLine(err.Error()), ExitBadInput)
+		return err
 	}
 	if plot != "" {
 		b, err := memory.Plot(plot, res)
 		if err == nil {
-			err = convert.WriteFile(plot, b, true, false)
+			err = writeOutput(c, plot, b)
 		}
 		if err != nil {
-			return cli.Exit(oneLine(err.Error()), ExitBadInput)
+			return err
 		}
 	}
 	if c.Bool("json") {
@@ -133,6 +135,20 @@ func memoryAction(c *cli.Context) error {
 	}
 	writeMemory(c.App.Writer, res)
 	return nil
+}
+
+// writeOutput writes a file the command made (a --plot) as a one-file
+// output set: staged beside path and renamed into place, never over the
+// command's input, removed on a signal.
+func writeOutput(c *cli.Context, path string, data []byte) error {
+	set := output.New(output.Options{Force: c.Bool("force"), Sync: c.Bool("fsync")})
+	defer set.Abort()
+	set.Protect(c.Args().Slice()...)
+	set.Protect(c.String("graph"))
+	if err := set.WriteFile(path, data); err != nil {
+		return err
+	}
+	return set.Commit()
 }
 
 func writeMemory(w io.Writer, r *memory.Result) {
@@ -222,15 +238,15 @@ func compareAction(c *cli.Context, opt memory.Options, plot string) error {
 	}
 	res, err := memory.Compare(opt)
 	if err != nil {
-		return cli.Exit(oneLine(err.Error()), ExitBadInput)
+		return err
 	}
 	if plot != "" {
 		b, err := memory.PlotComparison(plot, res)
 		if err == nil {
-			err = convert.WriteFile(plot, b, true, false)
+			err = writeOutput(c, plot, b)
 		}
 		if err != nil {
-			return cli.Exit(oneLine(err.Error()), ExitBadInput)
+			return err
 		}
 	}
 	if c.Bool("json") {

@@ -59,7 +59,7 @@ func revertAction(c *cli.Context) error {
 	}
 	res, err := convert.Revert(opt)
 	if err != nil {
-		return cli.Exit(oneLine(err.Error()), ExitBadInput)
+		return err
 	}
 	switch {
 	case c.Bool("json"):

@@ -36,7 +36,7 @@ type SecurityGlobal struct {
 func securityAction(c *cli.Context, path string) error {
 	globals, err := pth.Scan(path)
 	if err != nil {
-		return cli.Exit(oneLine(err.Error()), ExitBadInput)
+		return err
 	}
 	sec := &Security{File: path, Globals: []SecurityGlobal{}, Safe: true}
 	var refused []string

@@ -68,12 +68,12 @@ func verifyAction(c *cli.Context) error {
 	}
 	nb, err := backendFor(opt.Device, opt.Progress)
 	if err != nil {
-		return cli.Exit(err.Error(), ExitBadInput)
+		return err
 	}
 	opt.NewBackend = nb
 	res, err := verify.Run(opt)
 	if err != nil {
-		return cli.Exit(oneLine(err.Error()), ExitBadInput)
+		return err
 	}
 	if c.Bool("json") {
 		enc := json.NewEncoder(c.App.Writer)

@@ -68,16 +68,3 @@ func stageReport(set *output.Set, opt Options, res *Result) error {
 	}
 	return set.WriteFile(opt.ReportPath, append(b, '\n'))
 }
-
-// WriteFile writes one small output (a plot) as a one-file output set: to
-// a temporary file beside path, optionally synced, then renamed into
-// place, so that readers see the old file or the new one, never half of
-// one. Without force an existing file is refused.
-func WriteFile(path string, data []byte, force, sync bool) error {
-	set := output.New(output.Options{Force: force, Sync: sync})
-	defer set.Abort()
-	if err := set.WriteFile(path, data); err != nil {
-		return err
-	}
-	return set.Commit()
-}

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/abnconvert/abnconvert/failure"
 	"github.com/abnconvert/abnconvert/graph"
 )
 
@@ -358,7 +359,7 @@ func checkParamless(n *graph.Node) error {
 			return fmt.Errorf("dropout probability %g outside [0, 1]", a.P)
 		}
 	default:
-		return fmt.Errorf("op not supported by the Python emitter")
+		return failure.Unsupportedf("op %s not supported by the Python emitter", n.Op)
 	}
 	return nil
 }

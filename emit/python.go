@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/abnconvert/abnconvert/failure"
 	"github.com/abnconvert/abnconvert/graph"
 )
 
@@ -313,7 +314,7 @@ func (p *program) nodeLine(n *graph.Node) (string, error) {
 	case graph.OpDropout:
 		expr = fmt.Sprintf("F.dropout(%s, %s, training=self.training)", in(0), pyFloat(a.P))
 	default:
-		return "", fmt.Errorf("node %q: op %q not supported by the Python emitter", n.Name, n.Op)
+		return "", failure.Unsupportedf("node %q: op %q not supported by the Python emitter", n.Name, n.Op)
 	}
 	return fmt.Sprintf("%s = %s  # %s: %s%s", p.vars[n.Out], expr, commentText(n.Name), n.Op, note), nil
 }

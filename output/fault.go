@@ -1,11 +1,18 @@
 package output
 
 import (
+	"errors"
 	"io"
 	"path/filepath"
 	"sync/atomic"
 	"time"
 )
+
+// ErrPanic, given to InjectFault as its err, makes the write panic instead
+// of failing, as a bug in a writer would: tests use it to check that a
+// panic anywhere in writing ends as an internal error (exit code 3) with
+// every temporary file removed.
+var ErrPanic = errors.New("injected panic")
 
 // injected is the fault InjectFault set, nil when none.
 var injected atomic.Pointer[fault]
@@ -64,10 +71,13 @@ func (f *faultWriter) Write(p []byte) (int, error) {
 	if err != nil {
 		return n, err
 	}
-	if f.err == nil {
+	switch f.err {
+	case nil:
 		for {
 			time.Sleep(time.Hour) // a sleeping goroutine, not a deadlock
 		}
+	case ErrPanic:
+		panic(ErrPanic)
 	}
 	return n, f.err
 }

@@ -16,7 +16,6 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"math/rand/v2"
 	"os"
@@ -280,7 +279,7 @@ func (f *File) finish(sync bool) error {
 		return cause(err)
 	}
 	if sync {
-		if err := f.f.Sync(); err != nil {
+		if err := syncFile(f.f); err != nil {
 			return cause(err)
 		}
 	}
@@ -308,6 +307,9 @@ func linkBackup(path string) string {
 	return ""
 }
 
+// syncFile is (*os.File).Sync, a variable so that tests can count calls.
+var syncFile = (*os.File).Sync
+
 // cause drops the *fs.PathError wrapper, whose path (a temporary file's)
 // would only confuse a message that names the output.
 func cause(err error) error {
@@ -334,4 +336,3 @@ func (st state) String() string {
 	return "interrupted"
 }
 
-var _ io.Writer = (*File)(nil)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/abnconvert/abnconvert/failure"
 	"github.com/abnconvert/abnconvert/graph"
 )
 
@@ -340,7 +341,8 @@ func (e *Executor) backward(r *run, i int, nd *graph.Node) error {
 		}
 		return tx.finish()
 	}
-	return fmt.Errorf("unsupported op")
+	// inferShapes accepted the op, so this is a bug, not the network's.
+	return failure.Internalf("op %s planned but not differentiated by the backward pass", nd.Op)
 }
 
 // normBackward runs a BN-family node's backward from its saved tensors: the

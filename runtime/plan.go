@@ -3,6 +3,7 @@ package runtime
 import (
 	"fmt"
 
+	"github.com/abnconvert/abnconvert/failure"
 	"github.com/abnconvert/abnconvert/graph"
 )
 
@@ -780,7 +781,9 @@ func outShape(nd *graph.Node, input []int, ins [][]int, training bool) ([]int, e
 		}
 		return []int{x[0], a.OutChannels}, nil
 	}
-	return nil, fmt.Errorf("unsupported op %q", nd.Op)
+	// The one place the runtime meets an op it does not model: every run
+	// plans first, so verify and memory refuse such a network here.
+	return nil, failure.Unsupportedf("unsupported op %q", nd.Op)
 }
 
 func sameInts(a, b []int) bool {

@@ -38,6 +38,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/abnconvert/abnconvert/failure"
 	"github.com/abnconvert/abnconvert/graph"
 )
 
@@ -626,7 +627,8 @@ func (e *Executor) forward(r *run, i int, nd *graph.Node, x *HostTensor, recompu
 		}
 		return b.Mul(y, e.in(r, nd, 0), mask)
 	}
-	return fmt.Errorf("unsupported op")
+	// inferShapes accepted the op, so this is a bug, not the network's.
+	return failure.Internalf("op %s planned but not executed by the forward pass", nd.Op)
 }
 
 func (e *Executor) inputs(r *run, nd *graph.Node) []Tensor {

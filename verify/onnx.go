@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/abnconvert/abnconvert/failure"
 	"github.com/abnconvert/abnconvert/graph"
 	"github.com/abnconvert/abnconvert/onnx"
 	"github.com/abnconvert/abnconvert/rewrite"
@@ -191,7 +192,7 @@ func runnable(m *onnx.Model, path string) error {
 	for i, op := range ops {
 		ops[i] = fmt.Sprintf("%s x%d", op, count[op])
 	}
-	return fmt.Errorf("%s: verify runs ONNX models in abnconvert's runtime, which models Conv, BatchNormalization, Relu, LeakyRelu, Elu, Add, Concat, MaxPool, AveragePool, GlobalAveragePool, Flatten, Gemm, Dropout and the ai.abnconvert ops; this model also has %s, which it cannot run",
+	return failure.Unsupportedf("%s: verify runs ONNX models in abnconvert's runtime, which models Conv, BatchNormalization, Relu, LeakyRelu, Elu, Add, Concat, MaxPool, AveragePool, GlobalAveragePool, Flatten, Gemm, Dropout and the ai.abnconvert ops; this model also has %s, which it cannot run",
 		path, strings.Join(ops, ", "))
 }
 
