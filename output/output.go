@@ -335,4 +335,3 @@ func (st state) String() string {
 	}
 	return "interrupted"
 }
-
