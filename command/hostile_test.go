@@ -607,8 +607,9 @@ func TestDeterministicOutputs(t *testing.T) {
 // FuzzConvert runs the whole convert command on the ResNet fixture with a
 // fuzzed data.pkl: reading, architecture recognition, validation, rewrite,
 // optimizer transform, module emission and writing all see trees no
-// trained model produces. Exit 3 (an internal error: a recovered panic) is
-// a failure; so is exit 0 without the outputs, or exit 2 leaving files.
+// trained model produces. Exit 3 (an internal error: a recovered panic,
+// which package failure classifies as such wherever it is recovered) is a
+// failure; so is exit 0 without the outputs, or exit 2 or 4 leaving files.
 //
 //	go test ./command -run '^$' -fuzz '^FuzzConvert$' -fuzztime 60s
 func FuzzConvert(f *testing.F) {
@@ -651,13 +652,15 @@ func FuzzConvert(f *testing.F) {
 			if len(ents) != 2 {
 				t.Fatalf("exit 0 but the output directory holds %v", ents)
 			}
-		case ExitBadInput:
+		case ExitBadInput, ExitUnsupported:
 			if len(ents) != 0 {
-				t.Fatalf("exit 2 (%s) but files were left: %v", stderr, ents)
+				t.Fatalf("exit %d (%s) but files were left: %v", code, stderr, ents)
 			}
 			if strings.Count(stderr, "\n") != 1 {
 				t.Fatalf("stderr is not one line: %q", stderr)
 			}
+		case ExitInternal:
+			t.Fatalf("exit 3, an internal error (a recovered panic or a broken invariant): %s", stderr)
 		default:
 			t.Fatalf("exit %d: %s", code, stderr)
 		}

@@ -38,16 +38,16 @@ func InjectFault(pattern string, after int64, err error) (restore func()) {
 	return func() { injected.Store(nil) }
 }
 
-// withFault wraps a staged file's writes with the injected fault, if any
-// applies to its destination.
+// withFault wraps a staged file's writes with the injected fault if one
+// applies to its destination, else returns nil.
 func withFault(dest string, w io.Writer) io.Writer {
 	f := injected.Load()
 	if f == nil {
-		return w
+		return nil
 	}
 	if f.pattern != "" {
 		if ok, _ := filepath.Match(f.pattern, filepath.Base(dest)); !ok {
-			return w
+			return nil
 		}
 	}
 	return &faultWriter{w: w, left: f.after, err: f.err}

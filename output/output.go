@@ -16,6 +16,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"math/rand/v2"
 	"os"
@@ -70,8 +71,9 @@ type File struct {
 	path string // destination
 	tmp  string
 	f    *os.File
-	bw   *bufio.Writer
-	err  error // the first write error, returned again by every later one
+	w    io.Writer     // bw, or the injected fault's writer
+	bw   *bufio.Writer // nil under an injected fault
+	err  error         // the first write error, returned again by every later one
 
 	backup  string // a hard link to the previous file during Commit
 	renamed bool
@@ -141,7 +143,14 @@ func (s *Set) Create(path string) (*File, error) {
 		return nil, fmt.Errorf("%s: creating a temporary file in %s: %w", path, dir, cause(err))
 	}
 	f := &File{set: s, path: path, tmp: tmp.Name(), f: tmp}
-	f.bw = bufio.NewWriterSize(withFault(path, tmp), 1<<16)
+	if fw := withFault(path, tmp); fw != nil {
+		// Unbuffered, so that the fault strikes within the writer's own
+		// call, where a test expects it.
+		f.w = fw
+	} else {
+		f.bw = bufio.NewWriterSize(tmp, 1<<16)
+		f.w = f.bw
+	}
 	s.files = append(s.files, f) // from now on Abort and a signal remove it
 	if err := tmp.Chmod(mode); err != nil {
 		return nil, fmt.Errorf("%s: %w", path, cause(err))
@@ -156,7 +165,7 @@ func (f *File) Write(p []byte) (int, error) {
 	if f.err != nil {
 		return 0, f.err
 	}
-	n, err := f.bw.Write(p)
+	n, err := f.w.Write(p)
 	if err != nil {
 		f.err = cause(err)
 	}
@@ -275,8 +284,10 @@ func (f *File) finish(sync bool) error {
 	if f.err != nil {
 		return f.err
 	}
-	if err := f.bw.Flush(); err != nil {
-		return cause(err)
+	if f.bw != nil {
+		if err := f.bw.Flush(); err != nil {
+			return cause(err)
+		}
 	}
 	if sync {
 		if err := syncFile(f.f); err != nil {
