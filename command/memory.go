@@ -39,7 +39,8 @@ func memoryCommand() *cli.Command {
 			"every row with real arithmetic on the CPU at a small size.\n\n" +
 			"--device cuda (a binary built with `make cuda`) runs the step on the GPU instead: the\n" +
 			"same figures from the CUDA backend's allocator, and, after each forward, the device's\n" +
-			"memory as the allocator, its pool and the driver (cuMemGetInfo) see it.",
+			"memory as the allocator, its pool and the driver (cuMemGetInfo) see it.\n\n" +
+			"Exit codes: 0 done, 2 bad input, 3 internal error, 4 an op the runtime does not model.",
 		Flags: []cli.Flag{
 			archFlag(), reluFlag(), slopeFlag(),
 			&cli.StringFlag{Name: "graph", Usage: "an ONNX export that supplies the structure of a custom architecture (as for convert)"},

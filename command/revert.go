@@ -25,7 +25,7 @@ func revertCommand() *cli.Command {
 			".safetensors in and out. The activation is not in a checkpoint: the output lists the\n" +
 			"one each layer ran (leaky_relu where the conversion replaced a ReLU), which the BN\n" +
 			"network must apply to compute what the InPlace-ABN network computed.\n\n" +
-			"Exit codes: 0 done, 2 bad input.",
+			"Exit codes: 0 done, 2 bad input, 3 internal error.",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "input", Aliases: []string{"i"}, Usage: "the InPlace-ABN checkpoint (.pth or .safetensors)"},
 			&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Usage: "the plain-BN checkpoint to write"},

@@ -23,7 +23,8 @@ func verifyCommand() *cli.Command {
 			"rebuilt from them. Sites the ReLU policy approximated are compared exactly against\n" +
 			"the original made leaky there, and their drift from the original is reported;\n" +
 			"drift fails only with --strict.\n\n" +
-			"Exit codes: 0 preserved, 1 not preserved, 2 bad input.",
+			"Exit codes: 0 preserved, 1 not preserved, 2 bad input, 3 internal error, 4 an op the\n" +
+			"runtime does not model (the network is valid; abnconvert cannot run it yet).",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "original", Usage: "the checkpoint before conversion"},
 			&cli.StringFlag{Name: "converted", Usage: "the checkpoint abnconvert wrote"},

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/abnconvert/abnconvert/failure"
 	"github.com/abnconvert/abnconvert/graph"
 	"github.com/abnconvert/abnconvert/onnx/internal/pb"
 )
@@ -354,6 +355,10 @@ func TestMalformed(t *testing.T) {
 			_, err := readBytes(t, c.bytes(), ReadOptions{})
 			if !errors.Is(err, c.want) {
 				t.Fatalf("got %v, want %v", err, c.want)
+			}
+			// Valid ONNX this package does not handle exits 4, the rest 2.
+			if kind, want := failure.Of(err), map[bool]failure.Kind{true: failure.Unsupported, false: failure.BadInput}[c.want == ErrUnsupported]; kind != want {
+				t.Errorf("class %v, want %v", kind, want)
 			}
 			if !strings.Contains(err.Error(), c.says) || !strings.Contains(err.Error(), "m.onnx") {
 				t.Errorf("message %q lacks %q or the file name", err, c.says)

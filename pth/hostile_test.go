@@ -19,6 +19,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/abnconvert/abnconvert/failure"
 )
 
 // A small assembler for hand-written protocol-2 pickles, so that each
@@ -663,5 +665,19 @@ func TestModuleDAG(t *testing.T) {
 				t.Fatal("OpenModule did not finish in 10 s")
 			}
 		})
+	}
+}
+
+// TestInternalClass: a panic in this package's own tree conversion is an
+// internal error (exit code 3), which FuzzConvert fails on; gopickle's
+// panics on malformed pickles stay bad input.
+func TestInternalClass(t *testing.T) {
+	err := fmt.Errorf("x.pth: %w", fmt.Errorf("%w: %v", errInternal, "index out of range"))
+	if failure.Of(err) != failure.Internal {
+		t.Errorf("%v: class %v, want internal", err, failure.Of(err))
+	}
+	u := &unpickler{}
+	if _, err := u.run([]byte("\x80\x02R.")); err == nil || failure.Of(err) != failure.BadInput {
+		t.Errorf("gopickle on a bad pickle: %v, class %v, want bad input", err, failure.Of(err))
 	}
 }
