@@ -399,7 +399,8 @@ func TestHostileInputs(t *testing.T) {
 		}, want: "no space left on device", names: "out"},
 		{name: "disk full while writing the module (tmpfs)", input: bytesOf(s.orig), setup: func(t *testing.T, in, outDir string) string {
 			// Room for the checkpoint (349654 bytes, 86 pages) and not for
-			// the module after it: the checkpoint must be removed again.
+			// the module staged after it: the checkpoint's temporary file
+			// must be removed again.
 			mountTmpfs(t, outDir, fmt.Sprintf("size=%d", 86*4096))
 			return filepath.Join(outDir, "out.pth")
 		}, want: "m.py: no space left on device", names: "module"},

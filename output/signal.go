@@ -35,7 +35,14 @@ func register(s *Set) {
 	if len(reg.sets) == 0 {
 		reg.ch = make(chan os.Signal, 1)
 		reg.quit = make(chan struct{})
-		signal.Notify(reg.ch, signals...)
+		// A signal the process was started ignoring (SIGHUP under nohup,
+		// SIGINT in a background job) stays ignored: catching it would
+		// abort the outputs of a run that was meant to survive it.
+		for _, sig := range signals {
+			if !signal.Ignored(sig) {
+				signal.Notify(reg.ch, sig)
+			}
+		}
 		go watch(reg.ch, reg.quit)
 	}
 	reg.sets[s] = true
