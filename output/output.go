@@ -43,7 +43,8 @@ type Options struct {
 }
 
 // Set is the outputs of one command. The zero value is not usable: call
-// New, and defer Abort, which is a no-op once Commit has succeeded.
+// New, and defer Abort, which is a no-op once Commit has succeeded. A Set
+// and its Files are used by one goroutine at a time.
 type Set struct {
 	opt     Options
 	protect []protected
@@ -103,8 +104,8 @@ func (s *Set) Protect(paths ...string) {
 // input), and creates the temporary file beside it, with the permissions
 // of the file it replaces (0644 for a new one). Errors name path.
 func (s *Set) Create(path string) (*File, error) {
-	if s.state != open {
-		return nil, fmt.Errorf("%s: internal error: output set already %s", path, s.state)
+	if st := s.current(); st != open {
+		return nil, fmt.Errorf("%s: output set already %s", path, st)
 	}
 	abs, err := filepath.Abs(path)
 	if err != nil {
@@ -195,8 +196,8 @@ func (s *Set) WriteFile(path string, data []byte) error {
 // purpose, or removed if there was none), so that on any error the
 // destinations are as they were. A Set commits once.
 func (s *Set) Commit() (err error) {
-	if s.state != open {
-		return fmt.Errorf("internal error: output set already %s", s.state)
+	if st := s.current(); st != open {
+		return fmt.Errorf("output set already %s", st)
 	}
 	defer func() {
 		if err != nil {
@@ -243,6 +244,13 @@ func (s *Set) Commit() (err error) {
 		}
 	}
 	return nil
+}
+
+// current is the set's state, which the signal handler may change.
+func (s *Set) current() state {
+	lock()
+	defer unlock()
+	return s.state
 }
 
 // Abort removes every temporary file of the set; the destinations keep
