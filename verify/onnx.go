@@ -261,7 +261,9 @@ func lowerABN(m *onnx.Model, n *graph.Node, pn *protoNode) error {
 	switch op {
 	case graph.OpInPlaceABN, graph.OpInPlaceABNSync, graph.OpABN:
 	default:
-		return fmt.Errorf("unknown op %s.%s", pn.domain, pn.opType)
+		// A newer abnconvert's op in its own domain, perhaps: not yet
+		// supported here rather than a bad file.
+		return failure.Unsupportedf("unknown op %s.%s", pn.domain, pn.opType)
 	}
 	if len(pn.inputs) != 5 || len(n.Inputs) != 1 {
 		return fmt.Errorf("%s with %d inputs, want X, weight, bias, running_mean, running_var", op, len(pn.inputs))
