@@ -327,3 +327,29 @@ func TestErrorClasses(t *testing.T) {
 		}
 	}
 }
+
+// TestFsync: --fsync syncs every output of every writer kind to disk
+// before its rename, and without it nothing is synced (the ONNX writer
+// used to sync always).
+func TestFsync(t *testing.T) {
+	outputs := map[string]int64{"pth": 3, "safetensors": 3, "pth to safetensors": 3, "onnx": 2, "revert": 1, "memory plot": 1}
+	for kind, n := range outputs {
+		for _, fsync := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/fsync=%v", kind, fsync), func(t *testing.T) {
+				s := newScene(t)
+				args := append(writers(s)[kind], "--force", "--quiet")
+				if fsync {
+					args = append(args, "--fsync")
+				}
+				before := output.Syncs()
+				if code, _, stderr := run(args...); code != 0 {
+					t.Fatalf("exit %d: %s", code, stderr)
+				}
+				want := map[bool]int64{false: 0, true: n}[fsync]
+				if got := output.Syncs() - before; got != want {
+					t.Errorf("%d files synced, want %d", got, want)
+				}
+			})
+		}
+	}
+}

@@ -21,6 +21,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 )
 
 // Sentinel errors of Create, for errors.Is.
@@ -326,8 +327,18 @@ func linkBackup(path string) string {
 	return ""
 }
 
-// syncFile is (*os.File).Sync, a variable so that tests can count calls.
-var syncFile = (*os.File).Sync
+// syncs counts the files synced to disk, for Syncs.
+var syncs atomic.Int64
+
+// Syncs is how many staged files this process has synced to disk so far
+// (Options.Sync): tests check with it that --fsync reaches every writer,
+// and that nothing is synced without it.
+func Syncs() int64 { return syncs.Load() }
+
+func syncFile(f *os.File) error {
+	syncs.Add(1)
+	return f.Sync()
+}
 
 // cause drops the *fs.PathError wrapper, whose path (a temporary file's)
 // would only confuse a message that names the output.
