@@ -129,11 +129,14 @@ func TestForceKeepsPreviousOutputs(t *testing.T) {
 	reportMissing := failing{"report into a missing directory", nil, "", "nodir/r.json"}
 	reportFull := failing{"report fails while written (disk full)", nil, "r.json", "rep/r.json"}
 	moduleFull := failing{"module fails while written (disk full)", nil, "m.py", "mod/m.py"}
+	outReadOnly := func(name string) failing {
+		return failing{"checkpoint into a read-only directory", func(t *testing.T, s *scene) { readOnly(t, s.out) }, "", "out/" + name}
+	}
 	cases := map[string][]failing{
-		"pth":                {moduleReadOnly, reportReadOnly, reportMissing, reportFull, moduleFull, {"checkpoint fails while written", nil, "out.pth", "out/out.pth"}},
+		"pth":                {moduleReadOnly, reportReadOnly, reportMissing, reportFull, moduleFull, outReadOnly("out.pth"), {"checkpoint fails while written", nil, "out.pth", "out/out.pth"}},
 		"safetensors":        {moduleReadOnly, reportReadOnly, reportFull, {"checkpoint fails while written", nil, "out.safetensors", "out/out.safetensors"}},
 		"pth to safetensors": {moduleReadOnly, reportFull},
-		"onnx":               {reportReadOnly, reportMissing, reportFull, {"checkpoint fails while written", nil, "out.onnx", "out/out.onnx"}},
+		"onnx":               {reportReadOnly, reportMissing, reportFull, outReadOnly("out.onnx"), {"checkpoint fails while written", nil, "out.onnx", "out/out.onnx"}},
 		"revert":             {{"output fails while written", nil, "back.pth", "out/back.pth"}},
 		"memory plot":        {{"plot fails while written", nil, "plot.svg", "rep/plot.svg"}, {"plot into a read-only directory", func(t *testing.T, s *scene) { readOnly(t, s.rep) }, "", "rep/plot.svg"}},
 	}
