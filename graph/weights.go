@@ -21,6 +21,16 @@ type Weights interface {
 	SetValues(key string, v []float64) error
 }
 
+// ChannelNegater is implemented by a Weights that negates dim-0 slices of
+// a tensor (a convolution's output channels, the one change a sign fold
+// makes to it) without decoding it: for float data that is a flip of sign
+// bits, which a format's writer applies while it streams the tensor out, so
+// the values are never held. changed is false when every selected element
+// is zero (nothing to change); a channel listed twice is negated once.
+type ChannelNegater interface {
+	NegateChannels(key string, channels []int) (changed bool, err error)
+}
+
 // MemWeights is an in-memory Weights, for tests and hand-built graphs.
 type MemWeights struct {
 	order  []string

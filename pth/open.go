@@ -60,6 +60,8 @@ type Checkpoint struct {
 	keys  []string
 	// storages indexes every storage the pickle references, by key.
 	storages map[string]*Storage
+	// users counts the tensors viewing each storage (storageUsers).
+	users map[*Storage]int
 }
 
 // Open reads a checkpoint's structure. It executes nothing: globals outside

@@ -215,32 +215,3 @@ func sameShape(a, b []int) bool {
 	}
 	return true
 }
-
-// negateChannels negates the given indices of dim 0.
-func (c *Checkpoint) negateChannels(t *Tensor, channels []int) error {
-	if len(t.Shape) == 0 {
-		return fmt.Errorf("a scalar has no channels to negate")
-	}
-	v, err := c.TensorValues(t)
-	if err != nil {
-		return err
-	}
-	inner := 1
-	for _, d := range t.Shape[1:] {
-		inner *= d
-	}
-	seen := map[int]bool{}
-	for _, ch := range channels {
-		if seen[ch] {
-			continue // listed twice is still one flip
-		}
-		seen[ch] = true
-		if ch < 0 || ch >= t.Shape[0] {
-			return fmt.Errorf("channel %d out of range [0, %d)", ch, t.Shape[0])
-		}
-		for i := ch * inner; i < (ch+1)*inner; i++ {
-			v[i] = -v[i]
-		}
-	}
-	return c.SetTensorValues(t, v)
-}

@@ -235,7 +235,13 @@ func (c *Checkpoint) TensorValues(t *Tensor) ([]float64, error) {
 	}
 	out := make([]float64, n)
 	if t.Contiguous() {
-		return out, decode(t.DType(), raw, out)
+		if err := decode(t.DType(), raw, out); err != nil {
+			return nil, err
+		}
+		if t.negate != nil {
+			negateInPlace(t, out)
+		}
+		return out, nil
 	}
 	// Walk the multi-index in row-major order, gathering through strides.
 	idx := make([]int, len(t.Shape))
@@ -268,5 +274,6 @@ func (c *Checkpoint) SetTensorValues(t *Tensor, v []float64) error {
 		return err
 	}
 	t.pending = append([]float64{}, v...)
+	t.negate = nil
 	return nil
 }

@@ -251,6 +251,9 @@ type Tensor struct {
 	Metadata Value
 
 	pending []float64 // replacement values set through SetValues
+	// negate lists the dim-0 slices whose signs are flipped as the record
+	// is written (see negate.go); non-nil marks the tensor changed.
+	negate []int
 }
 
 // DType is the tensor's element type.
@@ -278,7 +281,7 @@ func (t *Tensor) Contiguous() bool {
 }
 
 // Changed reports whether SetValues replaced the tensor's values.
-func (t *Tensor) Changed() bool { return t.pending != nil }
+func (t *Tensor) Changed() bool { return t.pending != nil || t.negate != nil }
 
 // Storage is one storage record of the checkpoint, shared by every tensor
 // that views it.

@@ -42,6 +42,7 @@ type outStorage struct {
 	numel    int
 	src      *Storage // copy this input record when data is nil
 	data     []byte   // new contents
+	negated  *Tensor  // copy src with this tensor's negations applied
 }
 
 // walkTensors visits every distinct tensor of the tree once, in the order
@@ -122,6 +123,15 @@ func (c *Checkpoint) plan() (*writePlan, error) {
 			p.tensors[t] = outTensor{out, t.Offset, t.Stride}
 			continue
 		}
+		if t.pending == nil {
+			// Only negations, on a tensor that owns its record (NegateChannels
+			// checked): the record streams through with sign bits flipped.
+			out := &outStorage{key: st.Key, class: st.Class, location: st.Location, numel: st.Numel, src: st, negated: t}
+			byInput[st] = out
+			p.storages = append(p.storages, out)
+			p.tensors[t] = outTensor{out, 0, t.Stride}
+			continue
+		}
 		data, err := encode(st.DType, t.pending)
 		if err != nil {
 			return nil, err
@@ -190,6 +200,12 @@ func (c *Checkpoint) writeTo(w io.Writer, force64 bool) (int64, error) {
 		name := "archive/data/" + s.key
 		if s.data != nil {
 			if err := add(name, s.data); err != nil {
+				return z.off, err
+			}
+			continue
+		}
+		if s.negated != nil {
+			if err := c.copyNegated(z, name, s.src, s.negated); err != nil {
 				return z.off, err
 			}
 			continue

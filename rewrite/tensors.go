@@ -109,6 +109,23 @@ func (t *tensors) flush() error {
 }
 
 func (t *tensors) applyNegation(key string, idx map[int]bool) error {
+	if n, ok := t.w.(graph.ChannelNegater); ok {
+		var chans []int
+		for i, on := range idx {
+			if on {
+				chans = append(chans, i)
+			}
+		}
+		sort.Ints(chans)
+		changed, err := n.NegateChannels(key, chans)
+		if err != nil {
+			return fmt.Errorf("negating channels of %q: %w", key, err)
+		}
+		if changed {
+			t.changed[key] = true
+		}
+		return nil
+	}
 	shape, ok := t.w.Shape(key)
 	if !ok || len(shape) == 0 {
 		return fmt.Errorf("negating channels of %q: no such tensor, or a scalar", key)

@@ -1,0 +1,238 @@
+package pth
+
+import (
+	"bytes"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// The streamed sign flip must write exactly the bytes that decoding,
+// negating and encoding again writes, for every dtype, layout (views,
+// shared storages, legacy files) and channel selection, and read back as
+// the negated values.
+func TestNegateChannelsSameBytesAsDecoding(t *testing.T) {
+	files := []string{"dtypes.pth", "dtypes_legacy.pth", "views.pth", "views_legacy.pth", "shared.pth", "convbn_zip.pth", "convbn_legacy.pth", "nested.pth", "adam.pth"}
+	for _, name := range files {
+		t.Run(name, func(t *testing.T) {
+			path := filepath.Join("testdata", name)
+			lazy, err := Open(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lazy.Close()
+			eager, err := Open(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer eager.Close()
+			negated := 0
+			for _, key := range lazy.Keys() {
+				shape, _ := lazy.Shape(key)
+				tn, _ := lazy.Tensor(key)
+				if len(shape) == 0 || shape[0] == 0 {
+					continue
+				}
+				if _, ok := signBitByte(tn.DType()); !ok {
+					continue
+				}
+				chans := []int{shape[0] - 1, 0, shape[0] - 1}
+				if shape[0] > 2 {
+					chans = append(chans, 1)
+				}
+				before, err := lazy.Values(key)
+				if err != nil {
+					t.Fatal(err)
+				}
+				changed, err := lazy.NegateChannels(key, chans)
+				if err != nil {
+					t.Fatalf("%s: %v", key, err)
+				}
+				// The reference: decode, negate, encode (what rewrite did).
+				v, err := eager.Values(key)
+				if err != nil {
+					t.Fatal(err)
+				}
+				inner := len(v) / shape[0]
+				nz := false
+				for _, ch := range uniq(chans) {
+					for i := ch * inner; i < (ch+1)*inner; i++ {
+						nz = nz || v[i] != 0
+						v[i] = -v[i]
+					}
+				}
+				if changed != nz {
+					t.Errorf("%s: changed = %v, want %v", key, changed, nz)
+				}
+				if nz {
+					if err := eager.SetValues(key, v); err != nil {
+						t.Fatal(err)
+					}
+					negated++
+				}
+				after, err := lazy.Values(key)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for i := range after {
+					want := before[i]
+					if nz && inChannel(i, inner, chans) {
+						want = -want
+					}
+					if math.Float64bits(after[i]) != math.Float64bits(want) && !(math.IsNaN(after[i]) && math.IsNaN(want)) {
+						t.Fatalf("%s[%d] = %v after negation, want %v", key, i, after[i], want)
+					}
+				}
+			}
+			if negated == 0 {
+				t.Fatal("no tensor negated: the test checks nothing")
+			}
+			streamed := 0
+			for _, key := range lazy.Keys() {
+				if tn, _ := lazy.Tensor(key); tn.negate != nil {
+					streamed++
+				}
+			}
+			t.Logf("%d tensors negated, %d of them streamed", negated, streamed)
+			var a, b bytes.Buffer
+			if _, err := lazy.WriteTo(&a); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := eager.WriteTo(&b); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(a.Bytes(), b.Bytes()) {
+				t.Fatalf("streamed negation wrote %d bytes that differ from decoding's %d", a.Len(), b.Len())
+			}
+		})
+	}
+}
+
+func uniq(s []int) []int {
+	seen := map[int]bool{}
+	var out []int
+	for _, x := range s {
+		if !seen[x] {
+			seen[x] = true
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+func inChannel(i, inner int, chans []int) bool {
+	for _, c := range chans {
+		if i/inner == c {
+			return true
+		}
+	}
+	return false
+}
+
+func TestXorChannels(t *testing.T) {
+	tests := []struct{ a, b, want []int }{
+		{nil, []int{1, 3}, []int{1, 3}},
+		{[]int{1, 3}, []int{3, 4}, []int{1, 4}},
+		{[]int{1}, []int{1}, []int{}},
+		{[]int{0, 2, 5}, []int{1, 2, 6}, []int{0, 1, 5, 6}},
+	}
+	for _, tc := range tests {
+		got := xorChannels(tc.a, tc.b)
+		if len(got) != len(tc.want) {
+			t.Errorf("xor(%v, %v) = %v, want %v", tc.a, tc.b, got, tc.want)
+			continue
+		}
+		for i := range got {
+			if got[i] != tc.want[i] {
+				t.Errorf("xor(%v, %v) = %v, want %v", tc.a, tc.b, got, tc.want)
+			}
+		}
+	}
+}
+
+// Channel boundaries that fall inside reads, and element sign bytes that
+// straddle them, are flipped exactly once.
+func TestSignFlipReaderChannelsAcrossReads(t *testing.T) {
+	// 3 channels of 5 float16 elements: flip channel 1 through 3-byte reads.
+	data := make([]byte, 30)
+	for i := range data {
+		data[i] = byte(i)
+	}
+	r := &signFlipReader{r: &chunked{data, 3}, chanLen: 10, es: 2, sb: 1, chans: []int{1}}
+	var out bytes.Buffer
+	if _, err := out.ReadFrom(r); err != nil {
+		t.Fatal(err)
+	}
+	for i, b := range out.Bytes() {
+		want := byte(i)
+		if i >= 10 && i < 20 && i%2 == 1 {
+			want ^= 0x80
+		}
+		if b != want {
+			t.Fatalf("byte %d = %#x, want %#x", i, b, want)
+		}
+	}
+}
+
+type chunked struct {
+	b []byte
+	n int
+}
+
+func (c *chunked) Read(p []byte) (int, error) {
+	if len(c.b) == 0 {
+		return 0, bytesEOF
+	}
+	n := min(c.n, len(p), len(c.b))
+	copy(p, c.b[:n])
+	c.b = c.b[n:]
+	return n, nil
+}
+
+var bytesEOF = io.EOF
+
+// A corrupt record is caught on the streamed path too, and nothing written
+// passes for a good checkpoint.
+func TestNegateChannelsCorruptRecord(t *testing.T) {
+	src := filepath.Join("testdata", "convbn_zip.pth")
+	c, err := Open(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var key string
+	for _, k := range c.Keys() {
+		if s, _ := c.Shape(k); len(s) == 4 {
+			key = k
+		}
+	}
+	tn, _ := c.Tensor(key)
+	off := tn.Storage.rec.offset
+	c.Close()
+	data, err := os.ReadFile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data[off+5] ^= 0x01
+	bad := filepath.Join(t.TempDir(), "bad.pth")
+	if err := os.WriteFile(bad, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, err = Open(bad)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.NegateChannels(key, []int{0}); err != nil {
+		t.Fatal(err)
+	}
+	if tn, _ := c.Tensor(key); tn.negate == nil {
+		t.Fatal("the conv weight did not take the streamed path")
+	}
+	_, err = c.WriteTo(io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "corrupt") {
+		t.Fatalf("WriteTo = %v, want a corrupt-record error", err)
+	}
+}
