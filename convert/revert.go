@@ -336,6 +336,19 @@ func negateChannels(w graph.Weights, key string, chans []int) error {
 	if !ok || len(shape) == 0 || shape[0] == 0 {
 		return fmt.Errorf("%s: cannot negate channels of a missing, scalar or empty tensor", key)
 	}
+	for _, c := range chans {
+		if c < 0 || c >= shape[0] {
+			return fmt.Errorf("%s: channel %d out of range (%d channels)", key, c, shape[0])
+		}
+	}
+	if n, ok := w.(graph.ChannelNegater); ok {
+		// Sign bits flipped as the tensor is written, nothing decoded. An
+		// all-zero selection is left to the decoding path below, which
+		// writes -0 there as revert always has.
+		if changed, err := n.NegateChannels(key, chans); err != nil || changed {
+			return err
+		}
+	}
 	v, err := w.Values(key)
 	if err != nil {
 		return err

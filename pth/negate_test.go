@@ -36,7 +36,7 @@ func TestNegateChannelsSameBytesAsDecoding(t *testing.T) {
 				if len(shape) == 0 || shape[0] == 0 {
 					continue
 				}
-				if _, ok := signBitByte(tn.DType()); !ok {
+				if !isFloat(tn.DType()) {
 					continue
 				}
 				chans := []int{shape[0] - 1, 0, shape[0] - 1}
@@ -131,68 +131,6 @@ func inChannel(i, inner int, chans []int) bool {
 	}
 	return false
 }
-
-func TestXorChannels(t *testing.T) {
-	tests := []struct{ a, b, want []int }{
-		{nil, []int{1, 3}, []int{1, 3}},
-		{[]int{1, 3}, []int{3, 4}, []int{1, 4}},
-		{[]int{1}, []int{1}, []int{}},
-		{[]int{0, 2, 5}, []int{1, 2, 6}, []int{0, 1, 5, 6}},
-	}
-	for _, tc := range tests {
-		got := xorChannels(tc.a, tc.b)
-		if len(got) != len(tc.want) {
-			t.Errorf("xor(%v, %v) = %v, want %v", tc.a, tc.b, got, tc.want)
-			continue
-		}
-		for i := range got {
-			if got[i] != tc.want[i] {
-				t.Errorf("xor(%v, %v) = %v, want %v", tc.a, tc.b, got, tc.want)
-			}
-		}
-	}
-}
-
-// Channel boundaries that fall inside reads, and element sign bytes that
-// straddle them, are flipped exactly once.
-func TestSignFlipReaderChannelsAcrossReads(t *testing.T) {
-	// 3 channels of 5 float16 elements: flip channel 1 through 3-byte reads.
-	data := make([]byte, 30)
-	for i := range data {
-		data[i] = byte(i)
-	}
-	r := &signFlipReader{r: &chunked{data, 3}, chanLen: 10, es: 2, sb: 1, chans: []int{1}}
-	var out bytes.Buffer
-	if _, err := out.ReadFrom(r); err != nil {
-		t.Fatal(err)
-	}
-	for i, b := range out.Bytes() {
-		want := byte(i)
-		if i >= 10 && i < 20 && i%2 == 1 {
-			want ^= 0x80
-		}
-		if b != want {
-			t.Fatalf("byte %d = %#x, want %#x", i, b, want)
-		}
-	}
-}
-
-type chunked struct {
-	b []byte
-	n int
-}
-
-func (c *chunked) Read(p []byte) (int, error) {
-	if len(c.b) == 0 {
-		return 0, bytesEOF
-	}
-	n := min(c.n, len(p), len(c.b))
-	copy(p, c.b[:n])
-	c.b = c.b[n:]
-	return n, nil
-}
-
-var bytesEOF = io.EOF
 
 // A corrupt record is caught on the streamed path too, and nothing written
 // passes for a good checkpoint.

@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/abnconvert/abnconvert/graph"
+	"github.com/abnconvert/abnconvert/negate"
 )
 
 var _ graph.Weights = (*Checkpoint)(nil)
@@ -239,7 +240,7 @@ func (c *Checkpoint) TensorValues(t *Tensor) ([]float64, error) {
 			return nil, err
 		}
 		if t.negate != nil {
-			negateInPlace(t, out)
+			negate.Values(out, t.Shape[0], t.negate)
 		}
 		return out, nil
 	}

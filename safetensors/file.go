@@ -29,6 +29,7 @@ import (
 
 	"github.com/abnconvert/abnconvert/graph"
 	"github.com/abnconvert/abnconvert/output"
+	"github.com/abnconvert/abnconvert/negate"
 )
 
 // MaxHeader is the largest header the reference implementation reads
@@ -63,6 +64,9 @@ type entry struct {
 	shape      []int
 	begin, end int64 // relative to the start of the data
 	pending    []float64
+	// negate lists the dim-0 slices whose sign bits are flipped as the
+	// tensor is written (NegateChannels); non-nil marks it changed.
+	negate []int
 }
 
 var _ graph.Weights = (*File)(nil)
@@ -304,7 +308,76 @@ func (f *File) Values(key string) ([]float64, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: tensor %q: %w", f.Path, key, err)
 	}
+	if e.negate != nil {
+		negate.Values(v, e.shape[0], e.negate)
+	}
 	return v, nil
+}
+
+func (e *entry) layout() (negate.Layout, bool) {
+	switch e.dtype {
+	case F16, BF16, F32, F64:
+		return negate.FloatLayout(true, e.dtype.Size(), e.shape)
+	}
+	return negate.Layout{}, false
+}
+
+// NegateChannels negates slices of dim 0 of a tensor (graph.ChannelNegater)
+// by flipping sign bits as the tensor is written: nothing is decoded but
+// the bytes needed to see whether the channels are all zero (then nothing
+// changes, and it reports false).
+func (f *File) NegateChannels(key string, channels []int) (bool, error) {
+	e, ok := f.entries[key]
+	if !ok {
+		return false, fmt.Errorf("%s: no tensor %q", f.Path, key)
+	}
+	if len(e.shape) == 0 {
+		return false, fmt.Errorf("%s: tensor %q: a scalar has no channels to negate", f.Path, key)
+	}
+	chans, bad, ok := negate.Set(channels, e.shape[0])
+	if !ok {
+		return false, fmt.Errorf("%s: tensor %q: channel %d out of range [0, %d)", f.Path, key, bad, e.shape[0])
+	}
+	if len(chans) == 0 {
+		return false, nil
+	}
+	l, lazy := e.layout()
+	if !lazy || e.pending != nil {
+		v, err := f.Values(key)
+		if err != nil {
+			return false, err
+		}
+		inner := len(v) / e.shape[0]
+		nz := false
+		for _, ch := range chans {
+			for i := ch * inner; i < (ch+1)*inner && !nz; i++ {
+				nz = v[i] != 0
+			}
+		}
+		if !nz {
+			return false, nil
+		}
+		negate.Values(v, e.shape[0], chans)
+		return true, f.SetValues(key, v)
+	}
+	buf := make([]byte, 64<<10)
+	nz := false
+	for _, ch := range chans {
+		end := int64(ch+1) * l.ChannelBytes
+		for off := int64(ch) * l.ChannelBytes; off < end && !nz; {
+			n := min(int64(len(buf)), end-off)
+			if _, err := f.f.ReadAt(buf[:n], 8+f.HeaderLen+e.begin+off); err != nil {
+				return false, fmt.Errorf("%s: tensor %q: %w", f.Path, key, err)
+			}
+			nz = l.AnyNonzero(buf[:n])
+			off += n
+		}
+	}
+	if !nz {
+		return false, nil
+	}
+	e.negate = negate.Xor(e.negate, chans)
+	return true, nil
 }
 
 // SetValues replaces a tensor's values; Write re-encodes them in the
@@ -322,6 +395,7 @@ func (f *File) SetValues(key string, v []float64) error {
 		return fmt.Errorf("%s: tensor %q: %w", f.Path, key, err)
 	}
 	e.pending = append([]float64(nil), v...)
+	e.negate = nil
 	return nil
 }
 
@@ -329,7 +403,7 @@ func (f *File) SetValues(key string, v []float64) error {
 func (f *File) Changed() []string {
 	var out []string
 	for _, k := range f.order {
-		if f.entries[k].pending != nil {
+		if e := f.entries[k]; e.pending != nil || e.negate != nil {
 			out = append(out, k)
 		}
 	}
@@ -355,7 +429,12 @@ func (f *File) Tensors() []Tensor {
 			}
 		} else {
 			t.Write = func(w io.Writer) error {
-				_, err := io.Copy(w, io.NewSectionReader(f.f, 8+f.HeaderLen+e.begin, e.end-e.begin))
+				var r io.Reader = io.NewSectionReader(f.f, 8+f.HeaderLen+e.begin, e.end-e.begin)
+				if e.negate != nil {
+					l, _ := e.layout()
+					r = &negate.Reader{R: r, Layout: l, Chans: e.negate}
+				}
+				_, err := io.Copy(w, r)
 				return err
 			}
 		}

@@ -225,6 +225,13 @@ func (c *countWriter) Write(p []byte) (int, error) {
 	return n, err
 }
 
+// Streamer is a Weights that can write a tensor's bytes as stored, with
+// its pending sign flips, without decoding it (a .pth checkpoint); done is
+// false when it cannot for that tensor.
+type Streamer interface {
+	StreamTensor(key string, w io.Writer) (done bool, err error)
+}
+
 // FromWeights describes every tensor of a state dict for WriteTensors, in
 // the dtypes dtype names (a torch state dict's own), encoding the values
 // Values returns. It refuses dtypes the format has no type for.
@@ -241,6 +248,11 @@ func FromWeights(w graph.Weights, dtype func(key string) DType) ([]Tensor, error
 		}
 		key := k
 		out = append(out, Tensor{Name: k, DType: d, Shape: shape, Write: func(wr io.Writer) error {
+			if s, ok := w.(Streamer); ok {
+				if done, err := s.StreamTensor(key, wr); done || err != nil {
+					return err
+				}
+			}
 			v, err := w.Values(key)
 			if err != nil {
 				return err

@@ -1,0 +1,142 @@
+// Package negate negates output channels of stored float tensors without
+// decoding them. Negating a float is flipping its sign bit, in every float
+// format (float64, float32, float16, bfloat16), so a sign fold's change to
+// a convolution's weights is a byte transform applied while the tensor
+// streams from the input file to the output: no value is decoded or held.
+package negate
+
+import (
+	"hash/crc32"
+	"io"
+	"sort"
+)
+
+// Layout is where a tensor's channels and sign bits lie in its bytes:
+// contiguous, row-major, little-endian, dim 0 the channel.
+type Layout struct {
+	ChannelBytes int64 // bytes of one dim-0 slice
+	ElemSize     int64
+	SignByte     int64 // offset of the sign bit's byte within an element
+}
+
+// FloatLayout is the layout of a contiguous float tensor of elemSize-byte
+// elements and shape, and false when negating is not a sign flip (an
+// integer dtype) or there are no channels.
+func FloatLayout(float bool, elemSize int, shape []int) (Layout, bool) {
+	if !float || elemSize == 0 || len(shape) == 0 || shape[0] == 0 {
+		return Layout{}, false
+	}
+	n := 1
+	for _, d := range shape[1:] {
+		n *= d
+	}
+	return Layout{ChannelBytes: int64(n) * int64(elemSize), ElemSize: int64(elemSize), SignByte: int64(elemSize - 1)}, true
+}
+
+// Xor is the symmetric difference of two sorted channel sets: a channel
+// negated twice has its own sign again. The result is never nil.
+func Xor(a, b []int) []int {
+	out := []int{}
+	i, j := 0, 0
+	for i < len(a) || j < len(b) {
+		switch {
+		case j == len(b) || (i < len(a) && a[i] < b[j]):
+			out = append(out, a[i])
+			i++
+		case i == len(a) || b[j] < a[i]:
+			out = append(out, b[j])
+			j++
+		default:
+			i++
+			j++
+		}
+	}
+	return out
+}
+
+// Set returns channels sorted without repeats, and the first index outside
+// [0, n) if any (ok false).
+func Set(channels []int, n int) (set []int, bad int, ok bool) {
+	seen := map[int]bool{}
+	for _, ch := range channels {
+		if ch < 0 || ch >= n {
+			return nil, ch, false
+		}
+		if !seen[ch] {
+			seen[ch] = true
+			set = append(set, ch)
+		}
+	}
+	sort.Ints(set)
+	return set, 0, true
+}
+
+// AnyNonzero reports whether b, whole elements of l's layout, holds an
+// element that is not zero of either sign (NaN counts as nonzero).
+func (l Layout) AnyNonzero(b []byte) bool {
+	for i := int64(0); i+l.ElemSize <= int64(len(b)); i += l.ElemSize {
+		for k := int64(0); k < l.ElemSize; k++ {
+			x := b[i+k]
+			if k == l.SignByte {
+				x &^= 0x80
+			}
+			if x != 0 {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// Reader streams a tensor's bytes from R with the sign of every element of
+// the listed channels flipped. CRC is the CRC-32 of the bytes as read
+// (before the flip), for checking the input's own checksum.
+type Reader struct {
+	R      io.Reader
+	Layout Layout
+	Chans  []int // sorted
+	CRC    uint32
+	pos    int64
+	next   int // first channel in Chans that may still lie ahead
+}
+
+func (s *Reader) Read(p []byte) (int, error) {
+	n, err := s.R.Read(p)
+	b := p[:n]
+	s.CRC = crc32.Update(s.CRC, crc32.IEEETable, b)
+	l := s.Layout
+	lo, hi := s.pos, s.pos+int64(n)
+	for s.next < len(s.Chans) {
+		cs := int64(s.Chans[s.next]) * l.ChannelBytes
+		ce := cs + l.ChannelBytes
+		if cs >= hi {
+			break
+		}
+		a, e := max(cs, lo), min(ce, hi)
+		// The first sign byte at or after a within this channel.
+		first := cs + ((a-cs+l.ElemSize-1-l.SignByte)/l.ElemSize)*l.ElemSize + l.SignByte
+		for i := first; i < e; i += l.ElemSize {
+			b[i-lo] ^= 0x80
+		}
+		if ce > hi {
+			break
+		}
+		s.next++
+	}
+	s.pos = hi
+	return n, err
+}
+
+// Values negates decoded row-major values of the listed channels in place,
+// for a reader of a tensor whose negation is still pending.
+func Values(v []float64, n0 int, chans []int) {
+	if n0 == 0 {
+		return
+	}
+	inner := len(v) / n0
+	for _, ch := range chans {
+		for i := ch * inner; i < (ch+1)*inner; i++ {
+			v[i] = -v[i]
+		}
+	}
+}
