@@ -102,12 +102,31 @@ type Reader struct {
 
 func (s *Reader) Read(p []byte) (int, error) {
 	n, err := s.R.Read(p)
-	b := p[:n]
-	s.CRC = crc32.Update(s.CRC, crc32.IEEETable, b)
-	l := s.Layout
-	lo, hi := s.pos, s.pos+int64(n)
-	for s.next < len(s.Chans) {
-		cs := int64(s.Chans[s.next]) * l.ChannelBytes
+	s.CRC = crc32.Update(s.CRC, crc32.IEEETable, p[:n])
+	s.next = s.Layout.apply(s.Chans, s.next, s.pos, p[:n])
+	s.pos += int64(n)
+	return n, err
+}
+
+// Apply flips the sign bits that fall in b, the tensor's bytes from offset
+// pos, of the elements of the channels chans (sorted).
+func (l Layout) Apply(chans []int, pos int64, b []byte) {
+	i := sort.Search(len(chans), func(i int) bool { return int64(chans[i]+1)*l.ChannelBytes > pos })
+	l.apply(chans, i, pos, b)
+}
+
+// Touches reports whether any of the channels' bytes lie in [pos, pos+n).
+func (l Layout) Touches(chans []int, pos, n int64) bool {
+	i := sort.Search(len(chans), func(i int) bool { return int64(chans[i]+1)*l.ChannelBytes > pos })
+	return i < len(chans) && int64(chans[i])*l.ChannelBytes < pos+n
+}
+
+// apply flips from chans[next] on and returns the first channel that may
+// still extend past b, for a stream that calls it on consecutive buffers.
+func (l Layout) apply(chans []int, next int, pos int64, b []byte) int {
+	lo, hi := pos, pos+int64(len(b))
+	for next < len(chans) {
+		cs := int64(chans[next]) * l.ChannelBytes
 		ce := cs + l.ChannelBytes
 		if cs >= hi {
 			break
@@ -121,10 +140,9 @@ func (s *Reader) Read(p []byte) (int, error) {
 		if ce > hi {
 			break
 		}
-		s.next++
+		next++
 	}
-	s.pos = hi
-	return n, err
+	return next
 }
 
 // Values negates decoded row-major values of the listed channels in place,

@@ -204,6 +204,12 @@ func (c *Checkpoint) writeTo(w io.Writer, force64 bool) (int64, error) {
 			}
 			continue
 		}
+		if c.mappable(s.src) {
+			if err := c.copyMapped(z, name, s.src, s.negated); err != nil {
+				return z.off, err
+			}
+			continue
+		}
 		if s.negated != nil {
 			if err := c.copyNegated(z, name, s.src, s.negated); err != nil {
 				return z.off, err

@@ -55,6 +55,33 @@ func (z *zipWriter) write(b []byte) error {
 // add writes one record of exactly size bytes read from src, through a
 // fixed buffer, and returns the CRC-32 of what it wrote.
 func (z *zipWriter) add(name string, size int64, src io.Reader) (uint32, error) {
+	e, err := z.begin(name, size)
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	var crc uint32
+	if size > copyBufLen {
+		n, crc, err = pipeCopy(z.w, src, size, copyBufLen)
+	} else {
+		h := crc32.NewIEEE()
+		n, err = io.CopyBuffer(onlyWriter{io.MultiWriter(z.w, h)}, io.LimitReader(src, size), z.buf)
+		crc = h.Sum32()
+	}
+	z.off += n
+	if err != nil {
+		return 0, fmt.Errorf("writing %s: %w", name, err)
+	}
+	if n != size {
+		return 0, fmt.Errorf("writing %s: source ended after %d of %d bytes", name, n, size)
+	}
+	return crc, z.finish(e, crc)
+}
+
+// begin writes a record's local header; the caller writes exactly size
+// bytes of data through z.w (counting them into z.off), then calls finish
+// with their CRC-32.
+func (z *zipWriter) begin(name string, size int64) (zipEntry, error) {
 	e := zipEntry{name: name, off: z.off, size: size, zip64: z.force64 || size >= max32}
 	e.offset = z.force64 || e.off >= max32
 	le := binary.LittleEndian
@@ -95,27 +122,19 @@ func (z *zipWriter) add(name string, size int64, src io.Reader) (uint32, error) 
 	h = append(h, name...)
 	h = append(h, extra...)
 	if err := z.write(h); err != nil {
-		return 0, err
+		return e, err
 	}
 	if z.off%zipAlign != 0 {
-		return 0, fmt.Errorf("zip writer: record %s misaligned at %d", name, z.off)
+		return e, fmt.Errorf("zip writer: record %s misaligned at %d", name, z.off)
 	}
-	var n int64
-	var err error
-	if size > copyBufLen {
-		n, e.crc, err = pipeCopy(z.w, src, size, copyBufLen)
-	} else {
-		crc := crc32.NewIEEE()
-		n, err = io.CopyBuffer(onlyWriter{io.MultiWriter(z.w, crc)}, io.LimitReader(src, size), z.buf)
-		e.crc = crc.Sum32()
-	}
-	z.off += n
-	if err != nil {
-		return 0, fmt.Errorf("writing %s: %w", name, err)
-	}
-	if n != size {
-		return 0, fmt.Errorf("writing %s: source ended after %d of %d bytes", name, n, size)
-	}
+	return e, nil
+}
+
+// finish writes a record's data descriptor.
+func (z *zipWriter) finish(e zipEntry, crc uint32) error {
+	e.crc = crc
+	le := binary.LittleEndian
+	size := e.size
 	var d []byte
 	d = le.AppendUint32(d, 0x08074b50)
 	d = le.AppendUint32(d, e.crc)
@@ -127,10 +146,10 @@ func (z *zipWriter) add(name string, size int64, src io.Reader) (uint32, error) 
 		d = le.AppendUint32(d, uint32(size))
 	}
 	if err := z.write(d); err != nil {
-		return 0, err
+		return err
 	}
 	z.entries = append(z.entries, e)
-	return e.crc, nil
+	return nil
 }
 
 // onlyWriter hides io.ReaderFrom so that io.CopyBuffer really goes through

@@ -1,0 +1,101 @@
+package pth
+
+import (
+	"fmt"
+	"hash/crc32"
+	"os"
+	"runtime/debug"
+	"syscall"
+
+	"github.com/abnconvert/abnconvert/negate"
+)
+
+// copyMapped copies a stored record into the archive from a memory map of
+// the input, a window at a time: write(2) then copies page cache to page
+// cache once, where read(2) into a buffer and write(2) out of it copy every
+// byte twice. The record's CRC is checked on the way (each byte is read
+// once: the output's CRC is combined from the same chunk CRCs, recomputed
+// only for chunks the sign flips of t's pending negations touch, which are
+// applied in a scratch copy). The windows are unmapped as the copy moves
+// on, so resident memory stays at one window whatever the file's size.
+func (c *Checkpoint) copyMapped(z *zipWriter, name string, st *Storage, t *Tensor) (err error) {
+	const (
+		window = 8 << 20
+		chunk  = 1 << 20
+	)
+	var l negate.Layout
+	var chans []int
+	if t != nil {
+		l, _ = layoutOf(t)
+		chans = t.negate
+	}
+	e, err := z.begin(name, st.rec.size)
+	if err != nil {
+		return err
+	}
+	// A file truncated under the map faults on access: that is the input
+	// changing while it is read, an error, not a crash.
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%s: reading %s: the file changed or ended while it was read (%v)", c.Path, st.rec.name, r)
+		}
+	}()
+	// A map reads zeros, not an error, past the end of a file within its
+	// last page: a record the file no longer holds whole is refused first.
+	if fi, err := c.f.Stat(); err != nil {
+		return fmt.Errorf("%s: %w", c.Path, err)
+	} else if end := st.rec.offset + st.rec.size; fi.Size() < end {
+		return fmt.Errorf("%s: %s ends at byte %d, past the end of the file (%d bytes): the file is truncated or changed while read", c.Path, st.rec.name, end, fi.Size())
+	}
+	page := int64(os.Getpagesize())
+	var crcIn, crcOut uint32
+	size := st.rec.size
+	for off := int64(0); off < size; off += window {
+		n := min(window, size-off)
+		at := st.rec.offset + off
+		base := at &^ (page - 1)
+		m, err := syscall.Mmap(int(c.f.Fd()), base, int(at-base+n), syscall.PROT_READ, syscall.MAP_SHARED|syscall.MAP_POPULATE)
+		if err != nil {
+			return fmt.Errorf("%s: mapping %s: %w", c.Path, st.rec.name, err)
+		}
+		data := m[at-base:]
+		for i := int64(0); i < n && err == nil; i += chunk {
+			b := data[i:min(i+chunk, n)]
+			pos := off + i
+			sum := crc32.ChecksumIEEE(b)
+			crcIn = crc32Combine(crcIn, sum, int64(len(b)))
+			out := b
+			if chans != nil && l.Touches(chans, pos, int64(len(b))) {
+				out = z.buf[:len(b)]
+				copy(out, b)
+				l.Apply(chans, pos, out)
+				sum = crc32.ChecksumIEEE(out)
+			}
+			crcOut = crc32Combine(crcOut, sum, int64(len(out)))
+			var w int
+			w, err = z.w.Write(out)
+			z.off += int64(w)
+		}
+		if uerr := syscall.Munmap(m); err == nil && uerr != nil {
+			err = uerr
+		}
+		if err != nil {
+			return fmt.Errorf("writing %s: %w", name, err)
+		}
+	}
+	if st.rec.hasCRC && crcIn != st.rec.crc {
+		return fmt.Errorf("%s: record %s is corrupt: CRC-32 %08x, the archive records %08x", c.Path, st.rec.name, crcIn, st.rec.crc)
+	}
+	return z.finish(e, crcOut)
+}
+
+// mappable reports whether a record's bytes lie stored in the file (not
+// compressed), to be copied from a map.
+func (c *Checkpoint) mappable(st *Storage) bool {
+	return mapCopy && st.rec.zf == nil && st.rec.size > 0
+}
+
+// mapCopy selects copyMapped for stored records; tests turn it off to
+// compare with the buffered copy.
+var mapCopy = true
