@@ -1,27 +1,34 @@
 #!/usr/bin/env bash
 # Conversion speed and memory, side by side in one run: `cp` of the file (the
 # physical limit: every byte moved once), abnconvert, and the Python baseline
-# a user would otherwise write (../shared/tools/python_baseline_convert.py).
+# a user would otherwise write (../shared/tools/python_baseline_convert.py,
+# which folds no sign).
 #
-#   bash bench/convert.sh [MODEL ...]      (default: wide_resnet101_2 resnet50)
+#   bash bench/convert.sh [MODEL ...]
+#       default: wide_resnet101_2 resnext101_32x8d densenet201 synthetic
 #
-# Checkpoints are made by real torchvision (random weights, same size and
-# layout as the released ones) in $BENCH_DIR (default /tmp/abn-bench). Each
-# tool runs 3 times after a warm-up copy (page cache warm for all three); the
-# median wall time and the largest peak RSS are reported. `cp` does not
-# flush to disk, and neither does abnconvert by default (it renames a
-# complete temporary file into place); the --fsync column adds the flush. The table is
-# written to stdout and to bench/convert.md.
+# Each model is measured in two forms, made by bench/trained_like.py (seeded)
+# in $BENCH_DIR (default /tmp/abn-bench): "trained" (BN parameters as
+# training leaves them: about 11% negative gammas, whose producers'
+# weights the conversion negates channel by channel) and "init"
+# (torchvision's default initialisation, every gamma 1: nothing to fold).
+# "synthetic" is wide_resnet101_2's layout widened to about 2 GB.
+# Each tool runs 3 times after a warm-up copy (page cache warm for all);
+# the best wall time and the largest peak RSS are reported. Neither `cp` nor
+# abnconvert flushes to disk by default (abnconvert renames a complete
+# temporary file into place); the --fsync column adds the flush. The table
+# is written to stdout and to bench/convert.md. SKIP_PYTHON=1 leaves the
+# baseline out (it needs memory for two copies of the checkpoint).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 models=("$@")
-[ ${#models[@]} -gt 0 ] || models=(wide_resnet101_2 resnet50)
+[ ${#models[@]} -gt 0 ] || models=(wide_resnet101_2 resnext101_32x8d densenet201 synthetic)
 dir=${BENCH_DIR:-/tmp/abn-bench}
 mkdir -p "$dir"
 baseline=../shared/tools/python_baseline_convert.py
 go build -o bin/abnconvert ./cmd/abnconvert
 
-measure() { # prints "seconds maxrss_kb" of the median-time run of 3
+measure() { # prints "seconds maxrss_kb": the best time and the largest RSS of 3 runs
   local out=$1; shift
   local runs=()
   for _ in 1 2 3; do
@@ -29,33 +36,40 @@ measure() { # prints "seconds maxrss_kb" of the median-time run of 3
     /usr/bin/time -f "%e %M" -o "$dir/time.txt" "$@" >/dev/null 2>"$dir/stderr.txt" || { cat "$dir/stderr.txt" >&2; return 1; }
     runs+=("$(cat "$dir/time.txt")")
   done
-  printf '%s\n' "${runs[@]}" | sort -n | awk 'NR==2{t=$1} {if ($2>m) m=$2} END{print t, m}'
+  printf '%s\n' "${runs[@]}" | sort -n | awk 'NR==1{t=$1} {if ($2>m) m=$2} END{print t, m}'
 }
 
 {
   echo "# Conversion benchmark"
   echo
-  echo "Command: \`bash bench/convert.sh ${models[*]}\` on $(nproc) cores, $(date -u +%Y-%m-%d), $(/usr/bin/python3 -c 'import torch; print("torch", torch.__version__)')."
-  echo "Median of 3 runs, page cache warm; peak RSS is the largest of the 3."
+  echo "Command: \`bash bench/convert.sh ${models[*]}\` on $(nproc) cores, $(date -u +%Y-%m-%d), commit $(git rev-parse --short HEAD), $(/usr/bin/python3 -c 'import torch; print("torch", torch.__version__)')."
+  echo "Best of 3 runs, page cache warm; peak RSS is the largest of the 3. Checkpoints from \`bench/trained_like.py\`."
   echo
-  echo "| checkpoint | size | cp | abnconvert | ratio to cp | abnconvert peak RSS | abnconvert --fsync | Python baseline | baseline peak RSS |"
-  echo "|---|---|---|---|---|---|---|---|---|"
+  echo "| checkpoint | BN | size | cp | abnconvert | ratio to cp | abnconvert peak RSS | abnconvert --fsync | Python baseline | baseline peak RSS |"
+  echo "|---|---|---|---|---|---|---|---|---|---|"
 } > "$dir/table.md"
 
 for m in "${models[@]}"; do
-  in="$dir/$m.pth"
-  if [ ! -f "$in" ]; then
-    /usr/bin/python3 -c "import torch, torchvision; torch.save(torchvision.models.$m().state_dict(), '$in')"
-  fi
-  size=$(stat -c %s "$in")
-  cp "$in" "$dir/warm.pth" && rm -f "$dir/warm.pth"
-  read -r cpt cpm < <(measure "$dir/cp.pth" cp "$in" "$dir/cp.pth")
-  read -r abt abm < <(measure "$dir/abn.pth" bin/abnconvert convert --input "$in" --output "$dir/abn.pth" --quiet)
-  read -r aft afm < <(measure "$dir/abn.pth" bin/abnconvert convert --input "$in" --output "$dir/abn.pth" --quiet --fsync)
-  read -r pyt pym < <(measure "$dir/py.pth" /usr/bin/python3 "$baseline" "$in" "$dir/py.pth")
-  ratio=$(awk -v a="$abt" -v c="$cpt" 'BEGIN{ if (c>0) printf "%.2fx", a/c; else print "n/a" }')
-  printf '| %s | %d MB | %s s | %s s | %s | %d MB | %s s | %s s | %d MB |\n' "$m" $((size/1000000)) "$cpt" "$abt" "$ratio" $((abm/1024)) "$aft" "$pyt" $((pym/1024)) >> "$dir/table.md"
-  rm -f "$dir/cp.pth" "$dir/abn.pth" "$dir/py.pth"
+  for form in trained init; do
+    in="$dir/$m.$form.pth"
+    if [ ! -f "$in" ]; then
+      /usr/bin/python3 bench/trained_like.py "$m" "$form" "$in" --seed 0
+    fi
+    size=$(stat -c %s "$in")
+    cp "$in" "$dir/warm.pth" && rm -f "$dir/warm.pth"
+    read -r cpt cpm < <(measure "$dir/cp.pth" cp "$in" "$dir/cp.pth")
+    read -r abt abm < <(measure "$dir/abn.pth" bin/abnconvert convert --input "$in" --output "$dir/abn.pth" --quiet)
+    read -r aft afm < <(measure "$dir/abn.pth" bin/abnconvert convert --input "$in" --output "$dir/abn.pth" --quiet --fsync)
+    if [ -z "${SKIP_PYTHON:-}" ]; then
+      read -r pyt pym < <(measure "$dir/py.pth" /usr/bin/python3 "$baseline" "$in" "$dir/py.pth")
+      py="$pyt s | $((pym/1024)) MB"
+    else
+      py="- | -"
+    fi
+    ratio=$(awk -v a="$abt" -v c="$cpt" 'BEGIN{ if (c>0) printf "%.2fx", a/c; else print "n/a" }')
+    printf '| %s | %s | %d MB | %s s | %s s | %s | %d MB | %s s | %s |\n' "$m" "$form" $((size/1000000)) "$cpt" "$abt" "$ratio" $((abm/1024)) "$aft" "$py" >> "$dir/table.md"
+    rm -f "$dir/cp.pth" "$dir/abn.pth" "$dir/py.pth"
+  done
 done
 cp "$dir/table.md" bench/convert.md
 cat bench/convert.md
