@@ -31,6 +31,20 @@ func (w *writer) bindParams() error {
 		p     *param
 		slots []slotRef
 		data  []float64
+		// raw holds the key's bytes with its sign flips applied when its
+		// only change is a negation (NegateChannels): nothing decoded.
+		raw []byte
+	}
+	// newGroup groups a changed key's slots, with its new contents.
+	newGroup := func(p *param, slots []slotRef) (*group, error) {
+		if p.set == nil && p.negate != nil {
+			raw, err := p.negatedRaw()
+			if err != nil {
+				return nil, fmt.Errorf("tensor %q: %w", p.key, err)
+			}
+			return &group{p: p, raw: raw, slots: slots}, nil
+		}
+		return &group{p: p, data: p.set, slots: slots}, nil
 	}
 	var groups []*group
 	byKey := map[string]*group{}
@@ -62,12 +76,15 @@ func (w *writer) bindParams() error {
 				groups = append(groups, &group{p: p, slots: []slotRef{s}, data: d})
 				continue
 			}
-			if p.set == nil {
+			if !p.changed() {
 				continue
 			}
 			g := byKey[p.key]
 			if g == nil {
-				g = &group{p: p, data: p.set}
+				var err error
+				if g, err = newGroup(p, nil); err != nil {
+					return err
+				}
 				byKey[p.key] = g
 				groups = append(groups, g)
 			}
@@ -75,7 +92,14 @@ func (w *writer) bindParams() error {
 		}
 	}
 	// Folded convolutions: their derived slots, the bias possibly new.
+	// In node order: a map's order would change the names and the order of
+	// new initializers from run to run.
+	folded := make([]*graph.Node, 0, len(w.fold))
 	for _, c := range w.fold {
+		folded = append(folded, c)
+	}
+	sort.Slice(folded, func(i, j int) bool { return w.m.byIR[folded[i]].index < w.m.byIR[folded[j]].index })
+	for _, c := range folded {
 		ci := w.m.byIR[c]
 		wp := w.m.Weights.byKey[c.Params[graph.RoleWeight]]
 		groups = append(groups, &group{p: wp, slots: []slotRef{{ci.index, 1}}, data: w.derived[slotRef{ci.index, 1}]})
@@ -97,14 +121,21 @@ func (w *writer) bindParams() error {
 	// they are.
 	for _, key := range w.m.Weights.order {
 		p := w.m.Weights.byKey[key]
-		if p.set == nil || len(p.owners) > 0 || p.split {
+		if !p.changed() || len(p.owners) > 0 || p.split {
 			continue
 		}
-		groups = append(groups, &group{p: p, data: p.set, slots: readers[p.value]})
+		g, err := newGroup(p, readers[p.value])
+		if err != nil {
+			return err
+		}
+		groups = append(groups, g)
 	}
 	for _, g := range groups {
-		enc, err := encodeTensor(g.p.src.td.t, g.data)
-		if err != nil {
+		var enc *pb.TensorProto
+		var err error
+		if g.raw != nil {
+			enc = rawTensor(g.p.src.td.t, g.raw)
+		} else if enc, err = encodeTensor(g.p.src.td.t, g.data); err != nil {
 			return fmt.Errorf("tensor %q: %w", g.p.key, err)
 		}
 		orig, err := rawOf(g.p.src.td)

@@ -349,6 +349,15 @@ func decodeRaw(dt int32, b []byte) float64 {
 // the same data type and the same kind of field (raw_data for raw or
 // external tensors, else the typed field t used). Name, dims, doc string
 // and unknown fields are kept.
+// rawTensor is t holding raw (its elements as little-endian bytes) in
+// raw_data, as encodeTensor writes a raw or external tensor.
+func rawTensor(t *pb.TensorProto, raw []byte) *pb.TensorProto {
+	out := shallowTensor(t)
+	out.RawData, out.FloatData, out.DoubleData, out.Int32Data, out.Int64Data, out.Uint64Data = raw, nil, nil, nil, nil, nil
+	out.ExternalData, out.DataLocation = nil, nil
+	return out
+}
+
 func encodeTensor(t *pb.TensorProto, v []float64) (*pb.TensorProto, error) {
 	dt := t.GetDataType()
 	size := elemSize(dt)
