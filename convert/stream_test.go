@@ -8,6 +8,7 @@ import (
 
 	"github.com/abnconvert/abnconvert/arch"
 	"github.com/abnconvert/abnconvert/graph"
+	"github.com/abnconvert/abnconvert/output"
 	"github.com/abnconvert/abnconvert/pth"
 	"github.com/abnconvert/abnconvert/rewrite"
 )
@@ -73,6 +74,63 @@ func TestStreamedSignFoldsWriteSameBytes(t *testing.T) {
 					t.Fatalf("streamed sign folds wrote %d bytes differing from the decoding path's %d", len(streamed), len(decoded))
 				}
 			})
+		}
+	}
+}
+
+// A .safetensors input written as .pth streams its tensors (sign flips
+// applied on the way) and writes the bytes that encoding every tensor's
+// decoded values writes.
+func TestSafetensorsToPthStreamsSameBytes(t *testing.T) {
+	in := "../fixtures/testdata/formats4/tiny_resnet_basic.safetensors"
+	dir := t.TempDir()
+	for _, relu := range []string{"leaky", "abn"} {
+		s, err := openSource(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.close()
+		g, _, err := arch.Recognize(s.w, "auto")
+		if err != nil {
+			t.Fatal(err)
+		}
+		rep, err := rewrite.Run(g, s.w, rewrite.Options{ReLU: relu, Slope: 0.01})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rep.Flips) == 0 {
+			t.Fatal("no sign moved: the fixture no longer tests the streamed flips")
+		}
+		streamed := filepath.Join(dir, relu+".streamed.pth")
+		set := output.New(output.Options{})
+		defer set.Abort()
+		if err := s.stage(set, streamed); err != nil {
+			t.Fatal(err)
+		}
+		if err := set.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		ref := pth.NewStateDict(streamed)
+		for _, k := range s.w.Keys() {
+			shape, _ := s.w.Shape(k)
+			v, err := s.w.Values(k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := ref.AddTensor(k, s.torchDType(k), shape, v); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var want bytes.Buffer
+		if _, err := ref.WriteTo(&want); err != nil {
+			t.Fatal(err)
+		}
+		got, err := os.ReadFile(streamed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want.Bytes()) {
+			t.Errorf("--relu %s: the streamed .pth (%d bytes) differs from the encoded one (%d)", relu, len(got), want.Len())
 		}
 	}
 }

@@ -2,6 +2,7 @@ package pth
 
 import (
 	"fmt"
+	"io"
 	"math"
 	"math/big"
 	"strconv"
@@ -254,6 +255,8 @@ type Tensor struct {
 	// negate lists the dim-0 slices whose signs are flipped as the record
 	// is written (see negate.go); non-nil marks the tensor changed.
 	negate []int
+	// stream writes the bytes of a tensor AddStreamedTensor added.
+	stream func(io.Writer) error
 }
 
 // DType is the tensor's element type.
@@ -281,7 +284,7 @@ func (t *Tensor) Contiguous() bool {
 }
 
 // Changed reports whether SetValues replaced the tensor's values.
-func (t *Tensor) Changed() bool { return t.pending != nil || t.negate != nil }
+func (t *Tensor) Changed() bool { return t.pending != nil || t.negate != nil || t.stream != nil }
 
 // Storage is one storage record of the checkpoint, shared by every tensor
 // that views it.

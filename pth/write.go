@@ -40,9 +40,11 @@ type outStorage struct {
 	class    *Global
 	location string
 	numel    int
-	src      *Storage // copy this input record when data is nil
-	data     []byte   // new contents
-	negated  *Tensor  // copy src with this tensor's negations applied
+	src      *Storage              // copy this input record when data is nil
+	data     []byte                // new contents
+	negated  *Tensor               // copy src with this tensor's negations applied
+	stream   func(io.Writer) error // or write what this streams,
+	size     int64                 // this many bytes
 }
 
 // walkTensors visits every distinct tensor of the tree once, in the order
@@ -123,6 +125,13 @@ func (c *Checkpoint) plan() (*writePlan, error) {
 			p.tensors[t] = outTensor{out, t.Offset, t.Stride}
 			continue
 		}
+		if t.stream != nil && t.pending == nil {
+			out := &outStorage{key: st.Key, class: st.Class, location: st.Location, numel: st.Numel, stream: t.stream, size: int64(st.Numel) * int64(st.DType.Size())}
+			byInput[st] = out
+			p.storages = append(p.storages, out)
+			p.tensors[t] = outTensor{out, 0, t.Stride}
+			continue
+		}
 		if t.pending == nil {
 			// Only negations, on a tensor that owns its record (NegateChannels
 			// checked): the record streams through with sign bits flipped.
@@ -200,6 +209,12 @@ func (c *Checkpoint) writeTo(w io.Writer, force64 bool) (int64, error) {
 		name := "archive/data/" + s.key
 		if s.data != nil {
 			if err := add(name, s.data); err != nil {
+				return z.off, err
+			}
+			continue
+		}
+		if s.stream != nil {
+			if err := z.addStream(name, s.size, s.stream); err != nil {
 				return z.off, err
 			}
 			continue

@@ -78,6 +78,36 @@ func (z *zipWriter) add(name string, size int64, src io.Reader) (uint32, error) 
 	return crc, z.finish(e, crc)
 }
 
+// addStream writes one record of exactly size bytes that write produces.
+func (z *zipWriter) addStream(name string, size int64, write func(io.Writer) error) error {
+	e, err := z.begin(name, size)
+	if err != nil {
+		return err
+	}
+	h := crc32.NewIEEE()
+	cw := &countingWriter{w: onlyWriter{io.MultiWriter(z.w, h)}}
+	err = write(cw)
+	z.off += cw.n
+	if err != nil {
+		return fmt.Errorf("writing %s: %w", name, err)
+	}
+	if cw.n != size {
+		return fmt.Errorf("writing %s: %d bytes written where the tensor has %d", name, cw.n, size)
+	}
+	return z.finish(e, h.Sum32())
+}
+
+type countingWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
+}
+
 // begin writes a record's local header; the caller writes exactly size
 // bytes of data through z.w (counting them into z.off), then calls finish
 // with their CRC-32.

@@ -28,8 +28,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/abnconvert/abnconvert/graph"
-	"github.com/abnconvert/abnconvert/output"
 	"github.com/abnconvert/abnconvert/negate"
+	"github.com/abnconvert/abnconvert/output"
 )
 
 // MaxHeader is the largest header the reference implementation reads
@@ -416,31 +416,35 @@ func (f *File) Tensors() []Tensor {
 	out := make([]Tensor, 0, len(f.order))
 	for _, k := range f.order {
 		e := f.entries[k]
-		t := Tensor{Name: k, DType: e.dtype, Shape: append([]int{}, e.shape...)}
-		if e.pending != nil {
-			v := e.pending
-			t.Write = func(w io.Writer) error {
-				b, err := encode(e.dtype, v)
-				if err != nil {
-					return err
-				}
-				_, err = w.Write(b)
-				return err
-			}
-		} else {
-			t.Write = func(w io.Writer) error {
-				var r io.Reader = io.NewSectionReader(f.f, 8+f.HeaderLen+e.begin, e.end-e.begin)
-				if e.negate != nil {
-					l, _ := e.layout()
-					r = &negate.Reader{R: r, Layout: l, Chans: e.negate}
-				}
-				_, err := io.Copy(w, r)
-				return err
-			}
-		}
-		out = append(out, t)
+		key := k
+		out = append(out, Tensor{Name: k, DType: e.dtype, Shape: append([]int{}, e.shape...), Write: func(w io.Writer) error { return f.WriteTensor(key, w) }})
 	}
 	return out
+}
+
+// WriteTensor writes a tensor's bytes as the format stores them (row-major,
+// little-endian): from the file, with pending sign flips applied as they
+// stream, or encoded from the values SetValues gave.
+func (f *File) WriteTensor(key string, w io.Writer) error {
+	e, ok := f.entries[key]
+	if !ok {
+		return fmt.Errorf("%s: no tensor %q", f.Path, key)
+	}
+	if e.pending != nil {
+		b, err := encode(e.dtype, e.pending)
+		if err != nil {
+			return err
+		}
+		_, err = w.Write(b)
+		return err
+	}
+	var r io.Reader = io.NewSectionReader(f.f, 8+f.HeaderLen+e.begin, e.end-e.begin)
+	if e.negate != nil {
+		l, _ := e.layout()
+		r = &negate.Reader{R: r, Layout: l, Chans: e.negate}
+	}
+	_, err := io.Copy(w, r)
+	return err
 }
 
 // Write writes the file with every SetValues change to path (see
