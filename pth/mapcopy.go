@@ -60,22 +60,44 @@ func (c *Checkpoint) copyMapped(z *zipWriter, name string, st *Storage, t *Tenso
 			return fmt.Errorf("%s: mapping %s: %w", c.Path, st.rec.name, err)
 		}
 		data := m[at-base:]
-		for i := int64(0); i < n && err == nil; i += chunk {
-			b := data[i:min(i+chunk, n)]
-			pos := off + i
-			sum := crc32.ChecksumIEEE(b)
-			crcIn = crc32Combine(crcIn, sum, int64(len(b)))
+		// The input's CRC is computed on the other core while this one
+		// writes: per chunk, combined in order once both are done.
+		nchunks := int((n + chunk - 1) / chunk)
+		sums := make([]uint32, nchunks)
+		done := make(chan any, 1)
+		go func() {
+			debug.SetPanicOnFault(true) // per goroutine
+			defer func() { done <- recover() }()
+			for k := range sums {
+				sums[k] = crc32.ChecksumIEEE(data[int64(k)*chunk : min(int64(k+1)*chunk, n)])
+			}
+		}()
+		outSums := make([]uint32, nchunks)
+		flipped := make([]bool, nchunks)
+		for k := 0; k < nchunks && err == nil; k++ {
+			b := data[int64(k)*chunk : min(int64(k+1)*chunk, n)]
+			pos := off + int64(k)*chunk
 			out := b
 			if chans != nil && l.Touches(chans, pos, int64(len(b))) {
 				out = z.buf[:len(b)]
 				copy(out, b)
 				l.Apply(chans, pos, out)
-				sum = crc32.ChecksumIEEE(out)
+				outSums[k], flipped[k] = crc32.ChecksumIEEE(out), true
 			}
-			crcOut = crc32Combine(crcOut, sum, int64(len(out)))
 			var w int
 			w, err = z.w.Write(out)
 			z.off += int64(w)
+		}
+		if r := <-done; r != nil {
+			panic(r) // a fault in the map: recovered above as a read error
+		}
+		for k, sum := range sums {
+			ln := min(int64(k+1)*chunk, n) - int64(k)*chunk
+			crcIn = crc32Combine(crcIn, sum, ln)
+			if !flipped[k] {
+				outSums[k] = sum
+			}
+			crcOut = crc32Combine(crcOut, outSums[k], ln)
 		}
 		if uerr := syscall.Munmap(m); err == nil && uerr != nil {
 			err = uerr
