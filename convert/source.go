@@ -179,7 +179,11 @@ func (s *source) write(out string, opt Options) error {
 		if s.st != nil {
 			return s.st.Write(out, safetensors.WriteOptions{Force: opt.Force, Sync: opt.Fsync})
 		}
-		ts, err := safetensors.FromWeights(s.w, func(k string) safetensors.DType { return safetensors.FromTorch(s.torchDType(k)) })
+		var w graph.Weights = s.w
+		if s.ck != nil && len(s.ck.Carried) > 0 {
+			w = withCarried{s.ck}
+		}
+		ts, err := safetensors.FromWeights(w, func(k string) safetensors.DType { return safetensors.FromTorch(s.torchDType(k)) })
 		if err != nil {
 			return fmt.Errorf("%s: %w", out, err)
 		}
@@ -204,6 +208,13 @@ func (s *source) write(out string, opt Options) error {
 	}
 	return nc.Write(out, pth.WriteOptions{Force: opt.Force, Sync: opt.Fsync})
 }
+
+// withCarried is a checkpoint's weights plus the state-dict tensors that
+// are not the network's (pth.Checkpoint.Carried), for a writer that writes
+// every tensor itself: a conversion never drops data silently.
+type withCarried struct{ *pth.Checkpoint }
+
+func (w withCarried) Keys() []string { return append(w.Checkpoint.Keys(), w.Checkpoint.Carried...) }
 
 // runState converts a state dict that needs more than Run's .pth path: a
 // safetensors input or output, a whole pickled module, or --graph.

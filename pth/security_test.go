@@ -85,3 +85,45 @@ func TestAuditFile(t *testing.T) {
 		t.Error("a JSON file audited without error")
 	}
 }
+
+// TestAveragedModelCount: an AveragedModel state dict's n_averaged (0-dim
+// integer, every other key under "module.") is carried, not a weight; the
+// same key in any other layout stays a weight, so that the recogniser
+// still reports it.
+func TestAveragedModelCount(t *testing.T) {
+	count := &Tensor{Shape: []int{}, Storage: &Storage{DType: Int64, Numel: 1}}
+	float := &Tensor{Shape: []int{}, Storage: &Storage{DType: Float32, Numel: 1}}
+	vec := &Tensor{Shape: []int{2}, Storage: &Storage{DType: Int64, Numel: 2}}
+	w := &Tensor{Shape: []int{4}, Storage: &Storage{DType: Float32, Numel: 4}}
+	for _, c := range []struct {
+		name    string
+		keys    []string
+		count   *Tensor
+		carried bool
+	}{
+		{"AveragedModel", []string{"n_averaged", "module.conv1.weight", "module.fc.weight"}, count, true},
+		{"no module. prefix", []string{"n_averaged", "conv1.weight", "fc.weight"}, count, false},
+		{"float count", []string{"n_averaged", "module.conv1.weight", "module.fc.weight"}, float, false},
+		{"not 0-dim", []string{"n_averaged", "module.conv1.weight", "module.fc.weight"}, vec, false},
+	} {
+		d := NewDict(true)
+		for _, k := range c.keys {
+			v := w
+			if k == "n_averaged" {
+				v = c.count
+			}
+			if err := d.Set(k, v); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ck := &Checkpoint{}
+		ck.setState(d, []string{})
+		carried := len(ck.Carried) == 1 && ck.Carried[0] == "n_averaged" && len(ck.Keys()) == 2
+		if carried != c.carried {
+			t.Errorf("%s: carried %v keys %v, want carried %v", c.name, ck.Carried, ck.Keys(), c.carried)
+		}
+		if c.carried && ck.Prefix != "module." {
+			t.Errorf("%s: prefix %q, want module.", c.name, ck.Prefix)
+		}
+	}
+}
