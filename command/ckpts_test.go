@@ -92,7 +92,7 @@ func TestTrainingCheckpoints(t *testing.T) {
 
 // TestAveragedModelSafetensors: an EMA checkpoint converted to
 // safetensors keeps n_averaged too (safetensors holds tensors only, and
-// n_averaged is one).
+// n_averaged is one); inspect names it apart from the 74 weights.
 func TestAveragedModelSafetensors(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "ema_abn.safetensors")
 	if code, _, stderr := run("convert", "-i", filepath.Join(ckptsDir, "ema_resnet.pth"), "-o", out, "-q"); code != 0 {
@@ -109,6 +109,11 @@ func TestAveragedModelSafetensors(t *testing.T) {
 	}
 	if len(f.Keys()) != 75 {
 		t.Errorf("%d tensors, want the input's 75", len(f.Keys()))
+	}
+	code, stdout, _ := run("inspect", filepath.Join(ckptsDir, "ema_resnet.pth"))
+	if code != 0 || !strings.Contains(stdout, "other entries (kept on output): n_averaged (AveragedModel's count, not a weight)") ||
+		!strings.Contains(stdout, "74 tensors") {
+		t.Errorf("inspect: exit %d:\n%s", code, stdout)
 	}
 }
 
