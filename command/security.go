@@ -161,7 +161,10 @@ func pickleSecurity(path string) (*Security, error) {
 		sec.Verdict = fmt.Sprintf("NOT safe: %s; a plain torch.load would import and call %s while loading", sec.refusals(), strings.Join(unsafe, ", "))
 	default:
 		// Only compatibility: every global is one some release allows.
-		sec.Verdict = sec.refusals() + "; every global it references is on a torch allowlist, so the refusal is of the pickle's form, not of code it would run"
+		sec.Verdict = sec.refusals() + "; every global it references is on a torch allowlist: the refusal is of how the pickle is written, not of code it would run"
+		if sec.Protocol >= 4 {
+			sec.Verdict += fmt.Sprintf(" (pickle protocol %d; torch.save's default, 2, and abnconvert's outputs load in both)", sec.Protocol)
+		}
 	}
 	return sec, nil
 }
