@@ -26,8 +26,8 @@ import (
 // exit 0), even when the input does not (protocol 4, floats).
 func TestTrainingCheckpoints(t *testing.T) {
 	golden := readCkptsGolden(t)
-	if len(golden) != 6 {
-		t.Fatalf("%d fixtures in ckpts.json, want 6", len(golden))
+	if len(golden) != 7 {
+		t.Fatalf("%d fixtures in ckpts.json, want 7", len(golden))
 	}
 	for name, g := range golden {
 		t.Run(name, func(t *testing.T) {
