@@ -78,6 +78,9 @@ func Inspect(path string, opt Options) (*Inspection, error) {
 			}
 		}
 	}
+	for _, k := range ck.Carried {
+		ins.Entries = append(ins.Entries, k+" (AveragedModel's count, not a weight)")
+	}
 	for _, k := range ck.Keys() {
 		t, ok := ck.Tensor(k)
 		if !ok {

@@ -172,6 +172,13 @@ func structure(s *source, opt Options) (*graph.Graph, *arch.Match, error) {
 	return arch.Recognize(s.w, opt.Arch)
 }
 
+// withCarried is a checkpoint's weights plus the state-dict tensors that
+// are not the network's (pth.Checkpoint.Carried), for a writer that writes
+// every tensor itself: a conversion never drops data silently.
+type withCarried struct{ *pth.Checkpoint }
+
+func (w withCarried) Keys() []string { return append(w.Checkpoint.Keys(), w.Checkpoint.Carried...) }
+
 // runState converts a state dict that needs more than Run's .pth path: a
 // safetensors input or output, a whole pickled module, or --graph.
 func runState(opt Options, start time.Time) (*Result, error) {

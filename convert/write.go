@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/abnconvert/abnconvert/graph"
 	"github.com/abnconvert/abnconvert/output"
 	"github.com/abnconvert/abnconvert/pth"
 	"github.com/abnconvert/abnconvert/safetensors"
@@ -32,7 +33,11 @@ func (s *source) stage(set *output.Set, out string) error {
 		if s.st != nil {
 			return s.st.Stage(set, out)
 		}
-		ts, err := safetensors.FromWeights(s.w, func(k string) safetensors.DType { return safetensors.FromTorch(s.torchDType(k)) })
+		var w graph.Weights = s.w
+		if s.ck != nil && len(s.ck.Carried) > 0 {
+			w = withCarried{s.ck}
+		}
+		ts, err := safetensors.FromWeights(w, func(k string) safetensors.DType { return safetensors.FromTorch(s.torchDType(k)) })
 		if err != nil {
 			return fmt.Errorf("%s: %w", out, err)
 		}

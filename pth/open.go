@@ -53,6 +53,11 @@ type Checkpoint struct {
 	// Prefix is a key prefix common to every state-dict key ("module."),
 	// informational only: keys keep it.
 	Prefix string
+	// Carried lists the state-dict tensors that are not weights of the
+	// network (an AveragedModel's "n_averaged"): not in Keys, so that the
+	// structure is recognised from the weights alone, and written back
+	// unchanged (Tensor, Shape and Values still read them).
+	Carried []string
 
 	f     *os.File
 	stat  os.FileInfo

@@ -112,6 +112,11 @@ type sval struct {
 	kind byte // 's' string, 'i' integer, 'o' object, 0 anything else
 	s    string
 	id   int
+	// made says how an object came to be, for the checks torch's
+	// weights_only unpickler makes on the value an opcode acts on (see
+	// event): "list" (EMPTY_LIST), "global NAME", "call NAME" (REDUCE or
+	// NEWOBJ of the global NAME), "" for anything else.
+	made string
 }
 
 // dupKeyError reports a dict key set twice (see scanned.dupKey).
@@ -128,6 +133,11 @@ type scanned struct {
 	// that keeps the last would then disagree about the checkpoint. It is
 	// Open's business to refuse; Scan still lists the globals.
 	dupKey error
+	// protocol is the argument of the pickle's PROTO opcode, 0 without one.
+	protocol int
+	// events lists, in stream order, the first occurrence of every opcode,
+	// global and checked operand of the pickle (see event).
+	events []event
 }
 
 // scanPickle walks one pickle from r up to and including its STOP opcode,
@@ -196,7 +206,38 @@ func scanPickle(r *bufio.Reader, limit int64) (res scanned, err error) {
 			return fmt.Errorf("malformed pickle at offset %d: %s", opStart, fmt.Sprintf(format, args...))
 		}
 	)
+	seenEvent := map[event]bool{}
+	note := func(e event) {
+		e.offset = int64(opStart)
+		key := e
+		key.offset = 0
+		if !seenEvent[key] {
+			seenEvent[key] = true
+			res.events = append(res.events, e)
+		}
+	}
 	object := func() sval { nextID++; return sval{kind: 'o', id: nextID} }
+	// global lists a global and makes the value GLOBAL pushes.
+	global := func(module, name string) sval {
+		raw := module + "." + name
+		if module == "" {
+			raw = name
+		} else {
+			name = normalizeGlobal(module, name)
+		}
+		addGlobal(name)
+		note(event{kind: evGlobal, name: name, raw: raw})
+		g := object()
+		g.made = "global " + name
+		return g
+	}
+	// called marks obj as made by calling (REDUCE, NEWOBJ, INST) fn.
+	called := func(obj, fn sval) sval {
+		if name, ok := strings.CutPrefix(fn.made, "global "); ok {
+			obj.made = "call " + name
+		}
+		return obj
+	}
 	push := func(v sval) { stack = append(stack, v) }
 	pop := func(what string) (sval, error) {
 		if len(stack) == 0 {
@@ -283,6 +324,7 @@ func scanPickle(r *bufio.Reader, limit int64) (res scanned, err error) {
 		if !ok {
 			return res, fmt.Errorf("unknown pickle opcode 0x%02x at offset %d", op, opStart)
 		}
+		note(event{kind: evOpcode, op: op})
 		var arg []byte
 		var lines [2]string
 		switch info.kind {
@@ -408,25 +450,32 @@ func scanPickle(r *bufio.Reader, limit int64) (res scanned, err error) {
 			}
 		case opReduce:
 			if _, err = pop("REDUCE"); err == nil {
-				if _, err = pop("REDUCE"); err == nil {
-					push(object())
+				var fn sval
+				if fn, err = pop("REDUCE"); err == nil {
+					note(event{kind: evReduce, made: fn.made})
+					push(called(object(), fn))
 				}
 			}
 		case opAppend:
 			if _, err = pop("APPEND"); err == nil {
-				_, err = top("APPEND")
+				var l sval
+				if l, err = top("APPEND"); err == nil {
+					note(event{kind: evAppend, made: l.made})
+				}
 			}
 		case opBuild:
 			if _, err = pop("BUILD"); err == nil {
-				_, err = top("BUILD")
+				var inst sval
+				if inst, err = top("BUILD"); err == nil {
+					note(event{kind: evBuild, made: inst.made})
+				}
 			}
 		case opGlobal:
-			addGlobal(normalizeGlobal(lines[0], lines[1]))
-			push(object())
+			push(global(lines[0], lines[1]))
 		case 'i': // INST
-			addGlobal(normalizeGlobal(lines[0], lines[1]))
+			g := global(lines[0], lines[1])
 			if _, err = popMark("INST"); err == nil {
-				push(object())
+				push(called(object(), g))
 			}
 		case 'd': // DICT
 			var items []sval
@@ -441,11 +490,18 @@ func scanPickle(r *bufio.Reader, limit int64) (res scanned, err error) {
 				}
 				push(d)
 			}
-		case opEmptyDict, opEmptyList, 0x8f:
+		case opEmptyDict, 0x8f:
 			push(object())
+		case opEmptyList:
+			l := object()
+			l.made = "list"
+			push(l)
 		case opAppends, 0x90: // APPENDS, ADDITEMS
 			if _, err = popMark("APPENDS"); err == nil {
-				_, err = top("APPENDS")
+				var l sval
+				if l, err = top("APPENDS"); err == nil && op == opAppends {
+					note(event{kind: evAppend, made: l.made})
+				}
 			}
 		case 'g':
 			var i int
@@ -505,10 +561,15 @@ func scanPickle(r *bufio.Reader, limit int64) (res scanned, err error) {
 				}
 			}
 		case opProto:
+			if res.protocol == 0 {
+				res.protocol = int(arg[0])
+			}
 		case 0x81: // NEWOBJ
 			if _, err = pop("NEWOBJ"); err == nil {
-				if _, err = pop("NEWOBJ"); err == nil {
-					push(object())
+				var cls sval
+				if cls, err = pop("NEWOBJ"); err == nil {
+					note(event{kind: evNewObj, made: cls.made})
+					push(called(object(), cls))
 				}
 			}
 		case 0x92: // NEWOBJ_EX
@@ -520,8 +581,7 @@ func scanPickle(r *bufio.Reader, limit int64) (res scanned, err error) {
 			}
 		case 0x82, 0x83, 0x84:
 			// The copyreg extension registry maps codes to globals.
-			addGlobal("<extension registry code>")
-			push(object())
+			push(global("", "<extension registry code>"))
 		case opTuple1, opTuple2, opTuple3:
 			for i := 0; i < int(op-opTuple1)+1 && err == nil; i++ {
 				_, err = pop("TUPLE1/2/3")
@@ -534,13 +594,12 @@ func scanPickle(r *bufio.Reader, limit int64) (res scanned, err error) {
 			if name, err = pop("STACK_GLOBAL"); err == nil {
 				if module, err = pop("STACK_GLOBAL"); err == nil {
 					if name.kind == 's' && module.kind == 's' {
-						addGlobal(normalizeGlobal(module.s, name.s))
+						push(global(module.s, name.s))
 					} else {
 						// Python refuses non-string operands; listing the
 						// global as unresolved makes the allowlist refuse too.
-						addGlobal(unresolvedGlobal)
+						push(global("", unresolvedGlobal))
 					}
-					push(object())
 				}
 			}
 		case 0x95: // FRAME: the frame's bytes must follow within the data

@@ -102,13 +102,48 @@ func isStateDict(d *Dict) bool {
 
 func (c *Checkpoint) setState(d *Dict, path []string) {
 	c.state, c.StatePath = d, path
-	c.keys = nil
+	c.keys, c.Carried = nil, nil
 	for i, k := range d.keys {
 		if _, ok := d.vals[i].(*Tensor); ok {
 			c.keys = append(c.keys, k.(string))
 		}
 	}
+	if k := averagedCount(d, c.keys); k != "" {
+		c.Carried = []string{k}
+		c.keys = without(c.keys, k)
+	}
 	c.Prefix = CommonPrefix(c.keys)
+}
+
+// averagedCount finds the averaging count of a
+// torch.optim.swa_utils.AveragedModel state dict (an EMA or SWA model):
+// the 0-dim integer tensor "n_averaged" beside the averaged network, whose
+// keys all sit under "module.". It is no weight of the network, so it is
+// left out of Keys (the structure is recognised from the others) and
+// written back unchanged. "" when d is not laid out so.
+func averagedCount(d *Dict, keys []string) string {
+	const count = "n_averaged"
+	v, ok := d.Get(count)
+	t, isTensor := v.(*Tensor)
+	if !ok || !isTensor || len(t.Shape) != 0 || !isIntegerDType(t.DType()) || len(keys) < 2 {
+		return ""
+	}
+	for _, k := range keys {
+		if k != count && !strings.HasPrefix(k, "module.") {
+			return ""
+		}
+	}
+	return count
+}
+
+func without(keys []string, drop string) []string {
+	var out []string
+	for _, k := range keys {
+		if k != drop {
+			out = append(out, k)
+		}
+	}
+	return out
 }
 
 // CommonPrefix is the longest run of whole dotted components that every key
@@ -277,4 +312,12 @@ func (c *Checkpoint) SetTensorValues(t *Tensor, v []float64) error {
 	t.pending = append([]float64{}, v...)
 	t.negate = nil
 	return nil
+}
+
+func isIntegerDType(d DType) bool {
+	switch d {
+	case Int64, Int32, Int16, Int8, Uint8:
+		return true
+	}
+	return false
 }
