@@ -213,6 +213,7 @@ func convertAction(c *cli.Context) error {
 		Graph:      c.String("graph"),
 		DumpAfter:  c.String("dump-after"),
 		Command:    strings.Join(os.Args, " "),
+		Version:    Version,
 	}
 	if opt.Input == "" || opt.Output == "" {
 		return cli.Exit("both --input and --output are required (see abnconvert convert --help)", ExitBadInput)

@@ -398,10 +398,10 @@ func TestHostileInputs(t *testing.T) {
 			return filepath.Join(outDir, "out.pth")
 		}, want: "no space left on device", names: "out"},
 		{name: "disk full while writing the module (tmpfs)", input: bytesOf(s.orig), setup: func(t *testing.T, in, outDir string) string {
-			// Room for the checkpoint (349654 bytes, 86 pages) and not for
+			// Room for the checkpoint (355291 bytes, 87 pages) and not for
 			// the module staged after it: the checkpoint's temporary file
 			// must be removed again.
-			mountTmpfs(t, outDir, fmt.Sprintf("size=%d", 86*4096))
+			mountTmpfs(t, outDir, fmt.Sprintf("size=%d", 87*4096))
 			return filepath.Join(outDir, "out.pth")
 		}, want: "m.py: no space left on device", names: "module"},
 		{name: "disk full (injected)", input: bytesOf(s.orig), fault: &injected{100000, syscall.ENOSPC}, want: "no space left on device", names: "out"},

@@ -12,9 +12,9 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/abnconvert/abnconvert/arch"
-	"github.com/abnconvert/abnconvert/convert"
 	"github.com/abnconvert/abnconvert/graph"
 	"github.com/abnconvert/abnconvert/memory"
+	"github.com/abnconvert/abnconvert/model"
 	"github.com/abnconvert/abnconvert/output"
 	"github.com/abnconvert/abnconvert/runtime"
 )
@@ -91,7 +91,7 @@ func memoryAction(c *cli.Context) error {
 		}
 		opt.NewBackend = nb
 	}
-	opt.Source, opt.Structure = networkSource(opt.Input, convert.Options{Arch: opt.Arch, Graph: c.String("graph")})
+	opt.Source, opt.Structure = networkSource(opt.Input, model.Options{Arch: opt.Arch, Graph: c.String("graph")})
 	if s := c.String("budget"); s != "" {
 		b, err := ParseBytes(s)
 		if err != nil {
@@ -323,10 +323,10 @@ func outcome(r memory.Row) string {
 // networkSource opens path as a conversion does (every state-dict format,
 // whole pickled modules, --graph), for the memory measurements: each open
 // is a fresh view, and Structure builds a fresh graph over a view.
-func networkSource(path string, copt convert.Options) (memory.Source, func(graph.Weights) (*graph.Graph, *arch.Match, error)) {
-	nets := map[graph.Weights]*convert.Network{}
+func networkSource(path string, mopt model.Options) (memory.Source, func(graph.Weights) (*graph.Graph, *arch.Match, error)) {
+	nets := map[graph.Weights]*model.Network{}
 	src := func() (graph.Weights, func() error, error) {
-		n, err := convert.OpenNetwork(path, copt)
+		n, err := model.OpenNetwork(path, mopt)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -338,7 +338,7 @@ func networkSource(path string, copt convert.Options) (memory.Source, func(graph
 		if !ok {
 			return nil, nil, fmt.Errorf("%s: internal error: weights not opened by this source", path)
 		}
-		return n.Rebuild(copt)
+		return n.Rebuild(mopt)
 	}
 	return src, structure
 }

@@ -15,13 +15,13 @@ func revertCommand() *cli.Command {
 		Usage: "turn an InPlace-ABN checkpoint back into plain BatchNorm (gamma = |weight| + eps), for export and deployment",
 		UsageText: "abnconvert revert --input model_abn.pth --output model_bn.pth [--report report.json] [--eps 1e-5] [--json]\n\n" +
 			"InPlace-ABN scales by |weight| + eps, so a plain BatchNorm needs gamma = |weight| + eps\n" +
-			"(weight.abs() alone drops eps). With the conversion's --report, revert knows which\n" +
-			"layers were InPlace-ABN and which ABN (kept as stored), each layer's eps, and every sign\n" +
-			"the conversion moved into a convolution or onto a layer's input: it moves them back,\n" +
-			"so converting then reverting gives the original checkpoint (channels with |gamma| < eps\n" +
-			"come back at scale eps). Without a report (a checkpoint from inplace_abn's own training\n" +
-			"scripts, \"module.\" prefix and nesting included) every BN-family layer is taken as\n" +
-			"InPlace-ABN with --eps. Keys, nesting and other entries are kept; .pth and\n" +
+			"(weight.abs() alone drops eps). The converted file's provenance record (or, for a file\n" +
+			"without one, the conversion's --report) says which layers were InPlace-ABN and which ABN\n" +
+			"(kept as stored), each layer's eps, and every sign the conversion moved into a\n" +
+			"convolution or onto a layer's input: revert moves them back, so converting then\n" +
+			"reverting gives the original checkpoint (channels with |gamma| < eps come back at scale\n" +
+			"eps). With neither (a checkpoint from inplace_abn's own training scripts, \"module.\"\n" +
+			"prefix and nesting included) every BN-family layer is taken as InPlace-ABN with --eps. Keys, nesting and other entries are kept; .pth and\n" +
 			".safetensors in and out. The activation is not in a checkpoint: the output lists the\n" +
 			"one each layer ran (leaky_relu where the conversion replaced a ReLU), which the BN\n" +
 			"network must apply to compute what the InPlace-ABN network computed.\n\n" +
@@ -29,7 +29,7 @@ func revertCommand() *cli.Command {
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "input", Aliases: []string{"i"}, Usage: "the InPlace-ABN checkpoint (.pth or .safetensors)"},
 			&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Usage: "the plain-BN checkpoint to write"},
-			&cli.StringFlag{Name: "report", Usage: "the conversion's report (convert --report), for an exact revert"},
+			&cli.StringFlag{Name: "report", Usage: "the conversion's report (convert --report), for a file without a provenance record"},
 			&cli.Float64Flag{Name: "eps", Value: 1e-5, Usage: "eps of the layers the report does not give one for (all of them without a report)"},
 			&cli.BoolFlag{Name: "force", Aliases: []string{"f"}, Usage: "overwrite an existing output"},
 			&cli.BoolFlag{Name: "fsync", Usage: "flush the output to disk before renaming it into place"},

@@ -18,9 +18,12 @@ func verifyCommand() *cli.Command {
 		UsageText: "abnconvert verify --original IN --converted OUT [--relu POLICY --slope S --sync] [--seed N --batch N --size N | --input-data x.npy] [--json]\n\n" +
 			"Runs both networks in abnconvert's own runtime: eval outputs, then one training step\n" +
 			"(outputs, input gradient, every parameter gradient and running statistic, mapped\n" +
-			"through the reparametrisation and sign folding), then eval again. Give the flags\n" +
-			"the conversion used (--relu, --slope, --sync, --arch): the converted network is\n" +
-			"rebuilt from them. Sites the ReLU policy approximated are compared exactly against\n" +
+			"through the reparametrisation and sign folding), then eval again. The converted\n" +
+			"network is rebuilt from the flags the conversion used, which the converted file's\n" +
+			"provenance record gives: none needs repeating, and one given that contradicts the\n" +
+			"record is refused (exit 2). A file without a record (an older abnconvert's, or\n" +
+			"another tool's) is verified with the flags given (--relu, --slope, --sync, --arch,\n" +
+			"--graph), defaults for the rest. Sites the ReLU policy approximated are compared exactly against\n" +
 			"the original made leaky there, and their drift from the original is reported;\n" +
 			"drift fails only with --strict.\n\n" +
 			"Exit codes: 0 preserved, 1 not preserved, 2 bad input, 3 internal error, 4 an op the\n" +
@@ -56,13 +59,24 @@ func verifyAction(c *cli.Context) error {
 	}
 	opt := verify.Options{
 		Original: c.String("original"), Converted: c.String("converted"),
-		Arch: c.String("arch"), Graph: c.String("graph"), ReLU: c.String("relu"), Slope: c.Float64("slope"), Sync: c.Bool("sync"),
+		Graph: c.String("graph"), Sync: c.Bool("sync"),
 		Seed: c.Uint64("seed"), Batch: c.Int("batch"), Size: c.Int("size"), InputData: c.String("input-data"),
 		Atol: c.Float64("atol"), Rtol: c.Float64("rtol"), TrainFactor: c.Float64("train-factor"),
 		Strict: c.Bool("strict"), Device: c.String("device"),
 	}
 	if opt.Original == "" || opt.Converted == "" {
 		return cli.Exit("both --original and --converted are required (see abnconvert verify --help)", ExitBadInput)
+	}
+	// Only the conversion flags given: the others come from the converted
+	// file's provenance record (or, without one, their defaults).
+	if c.IsSet("arch") {
+		opt.Arch = c.String("arch")
+	}
+	if c.IsSet("relu") {
+		opt.ReLU = c.String("relu")
+	}
+	if c.IsSet("slope") {
+		opt.Slope = c.Float64("slope")
 	}
 	if !c.Bool("quiet") {
 		opt.Progress = c.App.ErrWriter
@@ -93,6 +107,12 @@ func verifyAction(c *cli.Context) error {
 
 func writeVerify(w io.Writer, r *verify.Result) {
 	fmt.Fprintf(w, "%s -> %s (%s, input %v, seed %d, device %s)\n", r.Original, r.Converted, r.Arch, r.Input, r.Seed, r.Device)
+	if r.FlagsFrom != "" {
+		fmt.Fprintf(w, "  conversion flags from the %s\n", r.FlagsFrom)
+	}
+	for _, wn := range r.Warnings {
+		fmt.Fprintf(w, "  warning: %s\n", wn)
+	}
 	grads, gradFail := 0, 0
 	for _, c := range r.Checks {
 		if strings.HasPrefix(c.Name, "gradient ") || strings.HasPrefix(c.Name, "running ") {

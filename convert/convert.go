@@ -16,7 +16,7 @@ import (
 
 	"github.com/abnconvert/abnconvert/arch"
 	"github.com/abnconvert/abnconvert/emit"
-	"github.com/abnconvert/abnconvert/pth"
+	"github.com/abnconvert/abnconvert/model"
 	"github.com/abnconvert/abnconvert/rewrite"
 )
 
@@ -38,6 +38,7 @@ type Options struct {
 	Dump       io.Writer
 	Progress   io.Writer // nil: silent
 	Command    string    // the command line, recorded in the emitted module
+	Version    string    // the tool's version, for the provenance record ("dev" when empty)
 }
 
 // Result is what a conversion did; it is also the JSON the CLI prints.
@@ -119,15 +120,19 @@ func Run(opt Options) (*Result, error) {
 		return nil, fmt.Errorf("%s: writing ONNX needs an ONNX input (a .pth is written as .pth)", opt.Output)
 	}
 	opt.progress("reading %s", opt.Input)
-	ck, err := pth.Open(opt.Input)
+	m, err := model.Open(opt.Input)
 	if err != nil {
-		var re *pth.RefusedError
-		if errors.As(err, &re) && pth.LooksLikeModule(re.Globals) {
-			return runState(opt, start) // a whole pickled module: source.go
-		}
 		return nil, err
 	}
-	defer ck.Close()
+	if m.Module != nil {
+		m.Close()
+		return runState(opt, start) // a whole pickled module: source.go
+	}
+	defer m.Close()
+	if err := refuseConverted(m); err != nil {
+		return nil, err
+	}
+	ck := m.Checkpoint
 
 	g, match, err := arch.Recognize(ck, opt.Arch)
 	if err != nil {
@@ -137,6 +142,10 @@ func Run(opt Options) (*Result, error) {
 		return nil, withPath(opt.Input, err)
 	}
 	opt.progress("recognised %s (%d nodes)", match.Arch, len(g.Nodes))
+	prov, err := opt.structureSource(m)
+	if err != nil {
+		return nil, err
+	}
 
 	rep, err := rewrite.Run(g, ck, rewriteOptions(opt))
 	if err != nil {
@@ -160,6 +169,9 @@ func Run(opt Options) (*Result, error) {
 		return nil, fmt.Errorf("%s: optimizer state: %w", opt.Input, err)
 	}
 	res.Warnings = append(res.Warnings, warn...)
+	if ck.Provenance, err = prov.record(opt, g, match, rep); err != nil {
+		return nil, err
+	}
 
 	// Everything that can fail on content is done before the first byte is
 	// written, so that a refused conversion leaves nothing behind.

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/abnconvert/abnconvert/graph"
+	"github.com/abnconvert/abnconvert/model"
 	"github.com/abnconvert/abnconvert/pth"
 	"github.com/abnconvert/abnconvert/rewrite"
 	"github.com/abnconvert/abnconvert/runtime"
@@ -82,11 +83,11 @@ func allValues(t *testing.T, w graph.Weights) map[string][]float64 {
 
 func openAny(t *testing.T, path string) (graph.Weights, func()) {
 	t.Helper()
-	s, err := openSource(path)
+	s, err := model.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return s.w, s.close
+	return s.Weights, s.Close
 }
 
 // TestSafetensorsConversions: every allowed combination of .pth and
@@ -154,13 +155,13 @@ func TestSafetensorsConversions(t *testing.T) {
 		if _, err := Run(Options{Input: f4("dtypes.safetensors"), Output: filepath.Join(dir, "x.safetensors"), Arch: "auto"}); err == nil {
 			t.Error("a state dict of no known architecture converted")
 		}
-		src, err := openSource(f4("dtypes.safetensors"))
+		src, err := model.Open(f4("dtypes.safetensors"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer src.close()
+		defer src.Close()
 		set := outputs(false, false)
-		if err := src.stage(set, out); err != nil {
+		if err := stage(src, set, out, nil); err != nil {
 			t.Fatal(err)
 		}
 		if err := set.Commit(); err != nil {
@@ -207,19 +208,19 @@ func TestWholeModules(t *testing.T) {
 	for _, name := range []string{"seq_module", "resnet_module", "densenet_module", "vgg_module"} {
 		t.Run(name, func(t *testing.T) {
 			gold := readGolden4(t, name)
-			s, err := openSource(f4(name + ".pth"))
+			s, err := model.Open(f4(name + ".pth"))
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer s.close()
-			if strings.Join(s.w.Keys(), " ") != strings.Join(gold.Keys, " ") {
-				t.Fatalf("keys %v\nwant %v", s.w.Keys(), gold.Keys)
+			defer s.Close()
+			if strings.Join(s.Weights.Keys(), " ") != strings.Join(gold.Keys, " ") {
+				t.Fatalf("keys %v\nwant %v", s.Weights.Keys(), gold.Keys)
 			}
-			g, _, err := structure(s, Options{Arch: "auto"})
+			g, _, err := s.Structure(model.Options{Arch: "auto"})
 			if err != nil {
 				t.Fatal(err)
 			}
-			y := evalOutput(t, g, s.w, gold.InputShape, gold.Input)
+			y := evalOutput(t, g, s.Weights, gold.InputShape, gold.Input)
 			if e := relErr(y, gold.Output); e > 1e-4 {
 				t.Fatalf("eval output rel %.2e against torch", e)
 			}
@@ -246,11 +247,11 @@ func TestWholeModules(t *testing.T) {
 			}
 			// Exact under --relu abn: the converted graph over the written
 			// state dict computes what torch computed with the original.
-			g2, _, err := structure(s, Options{Arch: "auto"})
+			g2, _, err := s.Structure(model.Options{Arch: "auto"})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := rewrite.Run(g2, newCopy(t, s.w), rewrite.Options{ReLU: "abn"}); err != nil {
+			if _, err := rewrite.Run(g2, newCopy(t, s.Weights), rewrite.Options{ReLU: "abn"}); err != nil {
 				t.Fatal(err)
 			}
 			y = evalOutput(t, g2, ck, gold.InputShape, gold.Input)
@@ -269,55 +270,6 @@ func TestWholeModules(t *testing.T) {
 	}
 }
 
-// TestSequentialRefusals: hand-built module trees the chain builder must
-// refuse, each with the module path and the reason.
-func TestSequentialRefusals(t *testing.T) {
-	i := func(v int64) pth.Value { return v }
-	pair := func(a, b int64) pth.Value { return &pth.Tuple{Items: []pth.Value{a, b}} }
-	conv := func(attrs map[string]pth.Value) *pth.Module {
-		a := map[string]pth.Value{"in_channels": i(3), "out_channels": i(4), "groups": i(1), "padding_mode": "zeros",
-			"transposed": false, "kernel_size": pair(3, 3), "stride": pair(1, 1), "dilation": pair(1, 1), "padding": pair(1, 1)}
-		for k, v := range attrs {
-			a[k] = v
-		}
-		return &pth.Module{Class: "torch.nn.modules.conv.Conv2d", Attrs: a}
-	}
-	mod := func(class string, attrs map[string]pth.Value) *pth.Module {
-		return &pth.Module{Class: class, Attrs: attrs}
-	}
-	seq := func(children ...*pth.Module) *pth.Module {
-		m := &pth.Module{Class: sequentialClass}
-		for k, c := range children {
-			m.Children = append(m.Children, pth.Child{Name: string(rune('0' + k)), Module: c})
-		}
-		return m
-	}
-	cases := []struct {
-		name string
-		m    *pth.Module
-		want string
-	}{
-		{"custom root", mod("__main__.Net", nil), "only nn.Sequential chains"},
-		{"starts with relu", seq(mod("torch.nn.modules.activation.ReLU", nil)), "must start with a Conv2d"},
-		{"reflect padding", seq(conv(map[string]pth.Value{"padding_mode": "reflect"})), `0 (Conv2d): padding_mode "reflect"`},
-		{"same padding, even kernel", seq(conv(map[string]pth.Value{"padding": "same", "kernel_size": pair(2, 2)})), "not expressible as symmetric padding"},
-		{"flatten all", seq(conv(nil), mod("torch.nn.modules.flatten.Flatten", map[string]pth.Value{"start_dim": i(0), "end_dim": i(-1)})), "only Flatten(start_dim=1"},
-		{"bn features", seq(conv(nil), mod("torch.nn.modules.batchnorm.BatchNorm2d", map[string]pth.Value{"num_features": i(5), "eps": 1e-5, "momentum": 0.1, "affine": true, "track_running_stats": true})), "num_features 5, but 4 channels reach it"},
-		{"bn not affine", seq(conv(nil), mod("torch.nn.modules.batchnorm.BatchNorm2d", map[string]pth.Value{"num_features": i(4), "eps": 1e-5, "momentum": 0.1, "affine": false, "track_running_stats": true})), "affine=False"},
-		{"torchvision block", seq(conv(nil), &pth.Module{Class: "torchvision.models.resnet.BasicBlock", Children: []pth.Child{{Name: "conv1", Module: conv(nil)}}}), "is not a chain layer"},
-		{"max pool indices", seq(conv(nil), mod("torch.nn.modules.pooling.MaxPool2d", map[string]pth.Value{"kernel_size": i(2), "stride": i(2), "padding": i(0), "dilation": i(1), "ceil_mode": false, "return_indices": true})), "return_indices"},
-		{"pool kernel", seq(conv(nil), mod("torch.nn.modules.pooling.AvgPool2d", map[string]pth.Value{"kernel_size": "x"})), "kernel_size is x"},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			_, _, err := moduleGraph(c.m, graph.NewMemWeights(), "auto")
-			if err == nil || !strings.Contains(err.Error(), c.want) {
-				t.Fatalf("error %v, want %q", err, c.want)
-			}
-		})
-	}
-}
-
 // TestGraphFile: --graph gives a custom network's structure; the IR with
 // the state dict's weights computes what torch computed; the conversion
 // works and emits a module; missing, extra and misshapen tensors are all
@@ -326,7 +278,12 @@ func TestGraphFile(t *testing.T) {
 	gold := readGolden4(t, "custom")
 	ck := open(t, f4("custom.pth"))
 	defer ck.Close()
-	g, match, err := graphFromONNX(f4("custom.onnx"), ck)
+	cm, err := model.Open(f4("custom.pth"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cm.Close()
+	g, match, err := cm.Structure(model.Options{Graph: f4("custom.onnx")})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,6 @@
 package convert
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -10,7 +9,7 @@ import (
 
 	"github.com/abnconvert/abnconvert/arch"
 	"github.com/abnconvert/abnconvert/graph"
-	"github.com/abnconvert/abnconvert/onnx"
+	"github.com/abnconvert/abnconvert/model"
 	"github.com/abnconvert/abnconvert/pth"
 	"github.com/abnconvert/abnconvert/rewrite"
 )
@@ -38,6 +37,10 @@ type Inspection struct {
 	Report    *rewrite.Report `json:"report,omitempty"`
 	// RewriteError says why the conversion would be refused.
 	RewriteError string `json:"rewrite_error,omitempty"`
+	// Provenance is the record of the conversion that wrote the file, if
+	// abnconvert did; ProvenanceError says why a record could not be read.
+	Provenance      *model.Provenance `json:"provenance,omitempty"`
+	ProvenanceError string            `json:"provenance_error,omitempty"`
 }
 
 // Inspect opens path, recognises it and dry-runs the rewrite with opt's
@@ -57,18 +60,23 @@ func Inspect(path string, opt Options) (*Inspection, error) {
 	if opt.Graph != "" || isSafetensors(path) {
 		return inspectState(path, st.Size(), opt) // source.go
 	}
-	ck, err := pth.Open(path)
+	m, err := model.Open(path)
 	if err != nil {
-		var re *pth.RefusedError
-		if errors.As(err, &re) && pth.LooksLikeModule(re.Globals) {
-			return inspectState(path, st.Size(), opt) // a whole pickled module
-		}
 		return nil, err
 	}
-	defer ck.Close()
+	if m.Module != nil {
+		m.Close()
+		return inspectState(path, st.Size(), opt) // a whole pickled module
+	}
+	defer m.Close()
+	ck := m.Checkpoint
 	ins := &Inspection{
 		File: path, Size: st.Size(), Format: string(ck.Format), Globals: ck.Globals,
 		StatePath: ck.StatePath, Prefix: ck.Prefix, DTypes: map[string]int{},
+		Provenance: m.Provenance,
+	}
+	if m.ProvenanceError != nil {
+		ins.ProvenanceError = m.ProvenanceError.Error()
 	}
 	if d, ok := ck.Root.(*pth.Dict); ok && len(ck.StatePath) > 0 {
 		for i := 0; i < d.Len(); i++ {
@@ -96,6 +104,10 @@ func Inspect(path string, opt Options) (*Inspection, error) {
 		return ins, nil
 	}
 	ins.Arch, ins.Family, ins.ExactArch, ins.Notes = match.Arch, match.Family, match.Exact, match.Notes
+	if err := refuseConverted(m); err != nil {
+		ins.RewriteError = err.Error()
+		return ins, nil
+	}
 	if err := validateBN(g, ck); err != nil {
 		ins.RewriteError = err.Error()
 		return ins, nil
@@ -138,6 +150,12 @@ func (ins *Inspection) WriteText(w io.Writer) {
 	if !onnxFile {
 		fmt.Fprintf(w, "globals: %s\n", strings.Join(ins.Globals, ", "))
 	}
+	switch {
+	case ins.Provenance != nil:
+		ins.Provenance.WriteText(w)
+	case ins.ProvenanceError != "":
+		fmt.Fprintf(w, "provenance: %s\n", ins.ProvenanceError)
+	}
 	if ins.ArchError != "" {
 		fmt.Fprintf(w, "architecture: not recognised: %s\n", ins.ArchError)
 		return
@@ -159,12 +177,16 @@ func (ins *Inspection) WriteText(w io.Writer) {
 }
 
 func inspectONNX(path string, size int64, opt Options) (*Inspection, error) {
-	m, err := onnx.Read(path)
+	md, err := model.Open(path)
 	if err != nil {
 		return nil, err
 	}
-	ins := &Inspection{File: path, Size: size, Format: fmt.Sprintf("onnx (opset %d)", m.Opset), DTypes: map[string]int{},
-		Arch: m.Graph.Arch, Family: "onnx", ExactArch: true}
+	m := md.ONNX
+	ins := &Inspection{File: path, Size: size, Format: md.Format, DTypes: map[string]int{},
+		Arch: m.Graph.Arch, Family: "onnx", ExactArch: true, Provenance: md.Provenance}
+	if md.ProvenanceError != nil {
+		ins.ProvenanceError = md.ProvenanceError.Error()
+	}
 	for _, k := range m.Weights.Keys() {
 		ins.Tensors++
 		if dt, ok := m.Weights.DataType(k); ok {

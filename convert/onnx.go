@@ -2,17 +2,18 @@ package convert
 
 import (
 	"fmt"
-	"path/filepath"
 	"strings"
 	"time"
 
+	"github.com/abnconvert/abnconvert/arch"
+	"github.com/abnconvert/abnconvert/model"
 	"github.com/abnconvert/abnconvert/onnx"
 	"github.com/abnconvert/abnconvert/rewrite"
 )
 
 // isONNX tells the formats apart by extension: .onnx is ONNX, anything
 // else is read as a PyTorch checkpoint.
-func isONNX(path string) bool { return strings.EqualFold(filepath.Ext(path), ".onnx") }
+func isONNX(path string) bool { return model.IsONNX(path) }
 
 // runONNX converts an ONNX graph: the structure comes from the file, so no
 // recogniser is needed, and the output is ONNX again (see onnx.Write).
@@ -24,11 +25,16 @@ func runONNX(opt Options, start time.Time) (*Result, error) {
 		return nil, fmt.Errorf("%s: --emit-module needs a PyTorch checkpoint (module paths and a state dict); an ONNX input is converted to ONNX", opt.EmitModule)
 	}
 	opt.progress("reading %s", opt.Input)
-	m, err := onnx.Read(opt.Input)
+	md, err := model.Open(opt.Input)
 	if err != nil {
 		return nil, err
 	}
+	m := md.ONNX
 	opt.progress("read %d nodes (opset %d)", len(m.Graph.Nodes), m.Opset)
+	prov, err := opt.structureSource(md)
+	if err != nil {
+		return nil, err
+	}
 	rep, err := rewrite.Run(m.Graph, m.Weights, rewriteOptions(opt))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", opt.Input, err)
@@ -53,6 +59,14 @@ func runONNX(opt Options, start time.Time) (*Result, error) {
 	default:
 		return nil, fmt.Errorf("--onnx-ops %q: want custom, standard or fold", opt.ONNXOps)
 	}
+	if opt.ONNXOps == "" {
+		opt.ONNXOps = "custom"
+	}
+	rec, err := prov.record(opt, m.Graph, &arch.Match{Arch: m.Graph.Arch}, rep)
+	if err != nil {
+		return nil, err
+	}
+	wo.Metadata = map[string]string{model.ProvenanceKey: string(rec)}
 	set := outputs(opt.Force, opt.Fsync, opt.Input)
 	defer set.Abort()
 	if err := m.Stage(set, opt.Output, wo); err != nil {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/abnconvert/abnconvert/graph"
+	"github.com/abnconvert/abnconvert/model"
 	"github.com/abnconvert/abnconvert/pth"
 	"github.com/abnconvert/abnconvert/rewrite"
 )
@@ -129,22 +130,31 @@ func Revert(opt RevertOptions) (*RevertResult, error) {
 		}
 	}
 	opt.progress("reading %s", opt.Input)
-	s, err := openSource(opt.Input)
+	s, err := model.Open(opt.Input)
 	if err != nil {
 		return nil, err
 	}
-	defer s.close()
-	if err := s.checkOutput(opt.Output); err != nil {
+	defer s.Close()
+	if err := checkOutput(s, opt.Output); err != nil {
 		return nil, err
 	}
-	res := &RevertResult{Input: opt.Input, Output: opt.Output, Format: s.format, Warnings: []string{}}
+	res := &RevertResult{Input: opt.Input, Output: opt.Output, Format: s.Format, Warnings: []string{}}
 	var plan []revertSite
-	if conv != nil {
+	if conv == nil && s.ProvenanceError != nil {
+		return nil, fmt.Errorf("%w; give the conversion's --report", s.ProvenanceError)
+	}
+	if conv == nil && s.Provenance != nil {
+		// The record the conversion wrote into the file says all a
+		// report would.
+		conv = reportOf(s.Provenance)
+		res.From = fmt.Sprintf("the provenance record of %s (abnconvert %s, %s)", opt.Input, s.Provenance.Version, s.Provenance.Flags())
+		plan, err = planFromReport(conv, s.Weights, opt.Eps, res)
+	} else if conv != nil {
 		res.From = "conversion report " + opt.Report
-		plan, err = planFromReport(conv, s.w, opt.Eps, res)
+		plan, err = planFromReport(conv, s.Weights, opt.Eps, res)
 	} else {
 		res.From = fmt.Sprintf("every BN-family layer taken as InPlace-ABN with eps %g (no conversion report given)", opt.Eps)
-		plan, err = planAll(s.w, opt.Eps)
+		plan, err = planAll(s.Weights, opt.Eps)
 		res.Warnings = append(res.Warnings, "without the conversion's --report every BN-family layer is taken as InPlace-ABN: a plain BatchNorm or ABN layer in this checkpoint would be changed wrongly")
 	}
 	if err != nil {
@@ -164,17 +174,20 @@ func Revert(opt RevertOptions) (*RevertResult, error) {
 	if len(flips) > 0 {
 		res.Unflip = flips
 	}
-	if s.ck != nil && s.module == nil && !isSafetensors(opt.Output) {
-		warn, err := s.ck.TransformOptimizer(flips, changed)
+	if s.Checkpoint != nil && s.Module == nil && !isSafetensors(opt.Output) {
+		warn, err := s.Checkpoint.TransformOptimizer(flips, changed)
 		if err != nil {
 			return nil, fmt.Errorf("%s: optimizer state: %w", opt.Input, err)
 		}
 		res.Warnings = append(res.Warnings, warn...)
 	}
 	opt.progress("writing %s", opt.Output)
+	// The output is plain BatchNorm again: no provenance record (a record
+	// the input held is dropped), so that nothing takes it for a
+	// conversion's output.
 	set := outputs(opt.Force, opt.Fsync, opt.Input, opt.Report)
 	defer set.Abort()
-	if err := s.stage(set, opt.Output); err != nil {
+	if err := stage(s, set, opt.Output, nil); err != nil {
 		return nil, err
 	}
 	if err := set.Commit(); err != nil {
@@ -273,7 +286,7 @@ func planAll(w graph.Weights, eps float64) ([]revertSite, error) {
 
 // applyRevert undoes the sign flips, then sets each InPlace-ABN layer's
 // gamma to |weight| + eps with the sign the conversion moved away.
-func applyRevert(s *source, plan []revertSite, flips map[string][]int) (map[string]bool, error) {
+func applyRevert(s *model.Model, plan []revertSite, flips map[string][]int) (map[string]bool, error) {
 	changed := map[string]bool{}
 	inPlaceWeight := map[string]bool{}
 	for _, p := range plan {
@@ -290,7 +303,7 @@ func applyRevert(s *source, plan []revertSite, flips map[string][]int) (map[stri
 		if inPlaceWeight[k] {
 			continue // its sign is set below, from the same list
 		}
-		if err := negateChannels(s.w, k, flips[k]); err != nil {
+		if err := negateChannels(s.Weights, k, flips[k]); err != nil {
 			return nil, err
 		}
 		changed[k] = true
@@ -299,7 +312,7 @@ func applyRevert(s *source, plan []revertSite, flips map[string][]int) (map[stri
 		if !p.inPlace {
 			continue
 		}
-		v, err := s.w.Values(p.weight)
+		v, err := s.Weights.Values(p.weight)
 		if err != nil {
 			return nil, err
 		}
@@ -307,7 +320,7 @@ func applyRevert(s *source, plan []revertSite, flips map[string][]int) (map[stri
 		for _, c := range flips[p.weight] {
 			neg[c] = true
 		}
-		f32 := s.torchDType(p.weight) == pth.Float32
+		f32 := s.TorchDType(p.weight) == pth.Float32
 		for c, x := range v {
 			var g float64
 			if f32 {
@@ -322,7 +335,7 @@ func applyRevert(s *source, plan []revertSite, flips map[string][]int) (map[stri
 			}
 			v[c] = g
 		}
-		if err := s.w.SetValues(p.weight, v); err != nil {
+		if err := s.Weights.SetValues(p.weight, v); err != nil {
 			return nil, err
 		}
 		changed[p.weight] = true

@@ -1,19 +1,15 @@
 package convert
 
 import (
-	"errors"
 	"fmt"
-	"path/filepath"
 	"sort"
-	"strings"
 	"time"
 
-	"github.com/abnconvert/abnconvert/arch"
 	"github.com/abnconvert/abnconvert/emit"
 	"github.com/abnconvert/abnconvert/graph"
+	"github.com/abnconvert/abnconvert/model"
 	"github.com/abnconvert/abnconvert/pth"
 	"github.com/abnconvert/abnconvert/rewrite"
-	"github.com/abnconvert/abnconvert/safetensors"
 )
 
 // Which inputs convert to which outputs (besides .onnx to .onnx, see
@@ -34,142 +30,27 @@ import (
 // reference writer lays them out, with metadata {"format": "pt"} (a
 // safetensors input keeps its own metadata).
 
-func isSafetensors(path string) bool {
-	return strings.EqualFold(filepath.Ext(path), ".safetensors")
-}
-
-// source is a state dict opened for conversion, whatever its format.
-type source struct {
-	path   string
-	format string
-	w      graph.Weights
-	ck     *pth.Checkpoint   // a .pth: state dict, or a whole module's
-	st     *safetensors.File // a .safetensors file
-	module *pth.Module       // the module tree of a whole pickled module
-}
-
-// openSource opens a .safetensors file, a .pth state dict, or a whole
-// pickled module (which pth.Open refuses; the refusal's globals say which).
-func openSource(path string) (*source, error) {
-	if isSafetensors(path) {
-		f, err := safetensors.Open(path)
-		if err != nil {
-			return nil, err
-		}
-		return &source{path: path, format: "safetensors", w: f, st: f}, nil
-	}
-	ck, err := pth.Open(path)
-	var re *pth.RefusedError
-	if errors.As(err, &re) && pth.LooksLikeModule(re.Globals) {
-		ck, m, err := pth.OpenModule(path)
-		if err != nil {
-			return nil, err
-		}
-		return &source{path: path, format: fmt.Sprintf("%s (whole pickled module %s)", ck.Format, m.Class), w: ck, ck: ck, module: m}, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	if ck.StateDict() == nil {
-		ck.Close()
-		return nil, fmt.Errorf("%s: no state dict found in the checkpoint", path)
-	}
-	return &source{path: path, format: string(ck.Format), w: ck, ck: ck}, nil
-}
-
-func (s *source) close() {
-	if s.ck != nil {
-		s.ck.Close()
-	}
-	if s.st != nil {
-		s.st.Close()
-	}
-}
-
-func (s *source) statePath() []string {
-	if s.ck != nil && s.ck.StatePath != nil {
-		return s.ck.StatePath
-	}
-	return []string{}
-}
-
-func (s *source) prefix() string {
-	if s.ck != nil {
-		return s.ck.Prefix
-	}
-	return pth.CommonPrefix(s.w.Keys())
-}
-
-// torchDType is a tensor's torch element type.
-func (s *source) torchDType(key string) pth.DType {
-	if s.st != nil {
-		return s.st.DType(key).Torch()
-	}
-	return pth.DType(s.ck.DType(key))
-}
+func isSafetensors(path string) bool { return model.IsSafetensors(path) }
 
 // checkOutput refuses, before any work, outputs that would lose data.
-func (s *source) checkOutput(out string) error {
+func checkOutput(s *model.Model, out string) error {
 	if isONNX(out) {
 		return fmt.Errorf("%s: writing ONNX needs an ONNX input; a state dict is written as .pth or .safetensors", out)
 	}
-	if isSafetensors(out) && s.ck != nil && s.module == nil {
-		if other := otherEntries(s.ck); len(other) > 0 {
-			return fmt.Errorf("%s: safetensors holds tensors only, and %s holds more than its state dict (%s); write a .pth to keep them, or save the state dict alone", out, s.path, summarize(other, 6))
+	if isSafetensors(out) && s.Checkpoint != nil && s.Module == nil {
+		if other := s.OtherEntries(); len(other) > 0 {
+			return fmt.Errorf("%s: safetensors holds tensors only, and %s holds more than its state dict (%s); write a .pth to keep them, or save the state dict alone", out, s.Path, summarize(other, 6))
 		}
 	}
-	if !isSafetensors(out) && s.st != nil {
-		for _, k := range s.st.Keys() {
-			if s.st.DType(k).Torch() == "" {
-				return fmt.Errorf("%s: tensor %q of %s is %s, which torch 1.13 has no dtype for; write a .safetensors instead", out, k, s.path, s.st.DType(k))
+	if !isSafetensors(out) && s.Safetensors != nil {
+		st := s.Safetensors
+		for _, k := range st.Keys() {
+			if st.DType(k).Torch() == "" {
+				return fmt.Errorf("%s: tensor %q of %s is %s, which torch 1.13 has no dtype for; write a .safetensors instead", out, k, s.Path, st.DType(k))
 			}
 		}
 	}
 	return nil
-}
-
-// otherEntries lists what a checkpoint holds besides its state dict's
-// tensors: entries of the dicts the state dict is nested in, and non-tensor
-// entries of the state dict itself.
-func otherEntries(ck *pth.Checkpoint) []string {
-	var out []string
-	d, _ := ck.Root.(*pth.Dict)
-	for i, name := range ck.StatePath {
-		if d == nil {
-			break
-		}
-		var next *pth.Dict
-		for j := 0; j < d.Len(); j++ {
-			k, v := d.Entry(j)
-			if s, ok := k.(string); ok && s == name {
-				next, _ = v.(*pth.Dict)
-				continue
-			}
-			out = append(out, strings.Join(append(append([]string{}, ck.StatePath[:i]...), fmt.Sprint(k)), "."))
-		}
-		d = next
-	}
-	if sd := ck.StateDict(); sd != nil {
-		for j := 0; j < sd.Len(); j++ {
-			k, v := sd.Entry(j)
-			if _, ok := v.(*pth.Tensor); !ok {
-				out = append(out, fmt.Sprint(k))
-			}
-		}
-	}
-	return out
-}
-
-// structure builds the graph: from the --graph ONNX file, from a whole
-// module's tree, or by recognising the state dict's layout.
-func structure(s *source, opt Options) (*graph.Graph, *arch.Match, error) {
-	switch {
-	case opt.Graph != "":
-		return graphFromONNX(opt.Graph, s.w)
-	case s.module != nil:
-		return moduleGraph(s.module, s.w, opt.Arch)
-	}
-	return arch.Recognize(s.w, opt.Arch)
 }
 
 // withCarried is a checkpoint's weights plus the state-dict tensors that
@@ -191,46 +72,57 @@ func runState(opt Options, start time.Time) (*Result, error) {
 	if opt.Graph != "" || isSafetensors(opt.Input) || isSafetensors(opt.Output) {
 		opt.progress("reading %s", opt.Input) // else Run said so already
 	}
-	s, err := openSource(opt.Input)
+	s, err := model.Open(opt.Input)
 	if err != nil {
 		return nil, err
 	}
-	defer s.close()
-	if err := s.checkOutput(opt.Output); err != nil {
+	defer s.Close()
+	if err := refuseConverted(s); err != nil {
 		return nil, err
 	}
-	g, match, err := structure(s, opt)
+	if err := checkOutput(s, opt.Output); err != nil {
+		return nil, err
+	}
+	g, match, err := s.Structure(opt.structure())
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", opt.Input, err)
 	}
-	if err := validateBN(g, s.w); err != nil {
+	if err := validateBN(g, s.Weights); err != nil {
 		return nil, withPath(opt.Input, err)
 	}
 	opt.progress("%s: %s (%d nodes)", opt.Input, match.Arch, len(g.Nodes))
-	rep, err := rewrite.Run(g, s.w, rewriteOptions(opt))
+	prov, err := opt.structureSource(s)
+	if err != nil {
+		return nil, err
+	}
+	rep, err := rewrite.Run(g, s.Weights, rewriteOptions(opt))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", opt.Input, err)
 	}
 	res := &Result{
 		Input: opt.Input, Output: opt.Output, Module: opt.EmitModule,
-		Format: s.format, StatePath: s.statePath(), Prefix: s.prefix(),
+		Format: s.Format, StatePath: s.StatePath(), Prefix: s.Prefix(),
 		Arch: match.Arch, Family: match.Family, ExactArch: match.Exact, Notes: match.Notes,
 		Options: ReportOptions{ReLU: opt.ReLU, Slope: opt.Slope, Sync: opt.Sync},
 		Report:  rep, BNEps: bnEps(g), Warnings: append([]string(nil), rep.Warnings...),
 	}
-	if s.ck != nil && s.module == nil && !isSafetensors(opt.Output) {
+	if s.Checkpoint != nil && s.Module == nil && !isSafetensors(opt.Output) {
 		changed := map[string]bool{}
 		for _, k := range rep.Changed {
 			changed[k] = true
 		}
-		warn, err := s.ck.TransformOptimizer(rep.Flips, changed)
+		warn, err := s.Checkpoint.TransformOptimizer(rep.Flips, changed)
 		if err != nil {
 			return nil, fmt.Errorf("%s: optimizer state: %w", opt.Input, err)
 		}
 		res.Warnings = append(res.Warnings, warn...)
 	}
-	if s.module != nil {
-		res.Warnings = append(res.Warnings, fmt.Sprintf("%s is a whole pickled module; %s holds its state dict only (load it into the emitted module, or into %s)", opt.Input, opt.Output, s.module.ShortClass()))
+	if s.Module != nil {
+		res.Warnings = append(res.Warnings, fmt.Sprintf("%s is a whole pickled module; %s holds its state dict only (load it into the emitted module, or into %s)", opt.Input, opt.Output, s.Module.ShortClass()))
+	}
+	rec, err := prov.record(opt, g, match, rep)
+	if err != nil {
+		return nil, err
 	}
 	var module []byte
 	if opt.EmitModule != "" {
@@ -242,7 +134,7 @@ func runState(opt Options, start time.Time) (*Result, error) {
 	opt.progress("writing %s", opt.Output)
 	set := outputs(opt.Force, opt.Fsync, opt.Input, opt.Graph)
 	defer set.Abort()
-	if err := s.stage(set, opt.Output); err != nil {
+	if err := stage(s, set, opt.Output, rec); err != nil {
 		return nil, err
 	}
 	if module != nil {
@@ -264,31 +156,38 @@ func runState(opt Options, start time.Time) (*Result, error) {
 // inspectState is Inspect for the sources of runState: a safetensors file,
 // a whole pickled module, or a state dict with --graph.
 func inspectState(path string, size int64, opt Options) (*Inspection, error) {
-	s, err := openSource(path)
+	s, err := model.Open(path)
 	if err != nil {
 		return nil, err
 	}
-	defer s.close()
-	ins := &Inspection{File: path, Size: size, Format: s.format, StatePath: s.statePath(), Prefix: s.prefix(), DTypes: map[string]int{}}
-	if s.ck != nil {
-		ins.Globals = s.ck.Globals
-		if s.module == nil {
-			ins.Entries = otherEntries(s.ck)
+	defer s.Close()
+	ins := &Inspection{File: path, Size: size, Format: s.Format, StatePath: s.StatePath(), Prefix: s.Prefix(), DTypes: map[string]int{},
+		Provenance: s.Provenance}
+	if s.ProvenanceError != nil {
+		ins.ProvenanceError = s.ProvenanceError.Error()
+	}
+	if s.Checkpoint != nil {
+		ins.Globals = s.Checkpoint.Globals
+		if s.Module == nil {
+			ins.Entries = s.OtherEntries()
 		}
 	}
-	if s.st != nil {
+	if st := s.Safetensors; st != nil {
 		ins.Globals = []string{}
-		for k, v := range s.st.Metadata {
+		for k, v := range st.Metadata {
+			if k == model.ProvenanceKey {
+				continue // printed as the provenance record
+			}
 			ins.Entries = append(ins.Entries, fmt.Sprintf("metadata %s=%q", k, v))
 		}
 		sort.Strings(ins.Entries)
 	}
-	for _, k := range s.w.Keys() {
-		shape, _ := s.w.Shape(k)
-		dt := string(s.torchDType(k))
+	for _, k := range s.Weights.Keys() {
+		shape, _ := s.Weights.Shape(k)
+		dt := string(s.TorchDType(k))
 		size := 0
-		if s.st != nil {
-			dt, size = string(s.st.DType(k)), s.st.DType(k).Size()
+		if st := s.Safetensors; st != nil {
+			dt, size = string(st.DType(k)), st.DType(k).Size()
 		} else {
 			size = pth.DType(dt).Size()
 		}
@@ -296,17 +195,21 @@ func inspectState(path string, size int64, opt Options) (*Inspection, error) {
 		ins.DTypes[dt]++
 		ins.Bytes += int64(graph.Numel(shape) * size)
 	}
-	g, match, err := structure(s, opt)
+	g, match, err := s.Structure(opt.structure())
 	if err != nil {
 		ins.ArchError = err.Error()
 		return ins, nil
 	}
 	ins.Arch, ins.Family, ins.ExactArch, ins.Notes = match.Arch, match.Family, match.Exact, match.Notes
-	if err := validateBN(g, s.w); err != nil {
+	if err := refuseConverted(s); err != nil {
 		ins.RewriteError = err.Error()
 		return ins, nil
 	}
-	rep, err := rewrite.Run(g, s.w, rewriteOptions(opt))
+	if err := validateBN(g, s.Weights); err != nil {
+		ins.RewriteError = err.Error()
+		return ins, nil
+	}
+	rep, err := rewrite.Run(g, s.Weights, rewriteOptions(opt))
 	if err != nil {
 		ins.RewriteError = err.Error()
 		return ins, nil

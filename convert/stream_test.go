@@ -8,6 +8,7 @@ import (
 
 	"github.com/abnconvert/abnconvert/arch"
 	"github.com/abnconvert/abnconvert/graph"
+	"github.com/abnconvert/abnconvert/model"
 	"github.com/abnconvert/abnconvert/output"
 	"github.com/abnconvert/abnconvert/pth"
 	"github.com/abnconvert/abnconvert/rewrite"
@@ -85,16 +86,16 @@ func TestSafetensorsToPthStreamsSameBytes(t *testing.T) {
 	in := "../fixtures/testdata/formats4/tiny_resnet_basic.safetensors"
 	dir := t.TempDir()
 	for _, relu := range []string{"leaky", "abn"} {
-		s, err := openSource(in)
+		s, err := model.Open(in)
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer s.close()
-		g, _, err := arch.Recognize(s.w, "auto")
+		defer s.Close()
+		g, _, err := arch.Recognize(s.Weights, "auto")
 		if err != nil {
 			t.Fatal(err)
 		}
-		rep, err := rewrite.Run(g, s.w, rewrite.Options{ReLU: relu, Slope: 0.01})
+		rep, err := rewrite.Run(g, s.Weights, rewrite.Options{ReLU: relu, Slope: 0.01})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -104,20 +105,20 @@ func TestSafetensorsToPthStreamsSameBytes(t *testing.T) {
 		streamed := filepath.Join(dir, relu+".streamed.pth")
 		set := output.New(output.Options{})
 		defer set.Abort()
-		if err := s.stage(set, streamed); err != nil {
+		if err := stage(s, set, streamed, nil); err != nil {
 			t.Fatal(err)
 		}
 		if err := set.Commit(); err != nil {
 			t.Fatal(err)
 		}
 		ref := pth.NewStateDict(streamed)
-		for _, k := range s.w.Keys() {
-			shape, _ := s.w.Shape(k)
-			v, err := s.w.Values(k)
+		for _, k := range s.Weights.Keys() {
+			shape, _ := s.Weights.Shape(k)
+			v, err := s.Weights.Values(k)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := ref.AddTensor(k, s.torchDType(k), shape, v); err != nil {
+			if err := ref.AddTensor(k, s.TorchDType(k), shape, v); err != nil {
 				t.Fatal(err)
 			}
 		}

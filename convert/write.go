@@ -6,6 +6,7 @@ import (
 	"io"
 
 	"github.com/abnconvert/abnconvert/graph"
+	"github.com/abnconvert/abnconvert/model"
 	"github.com/abnconvert/abnconvert/output"
 	"github.com/abnconvert/abnconvert/pth"
 	"github.com/abnconvert/abnconvert/safetensors"
@@ -27,46 +28,63 @@ func outputs(force, fsync bool, inputs ...string) *output.Set {
 }
 
 // stage writes the (converted) state dict into set at out, in out's
-// format.
-func (s *source) stage(set *output.Set, out string) error {
+// format, with the provenance record rec (nil: none, as revert writes; a
+// record the input held is dropped then).
+func stage(s *model.Model, set *output.Set, out string, rec []byte) error {
 	if isSafetensors(out) {
-		if s.st != nil {
-			return s.st.Stage(set, out)
+		if st := s.Safetensors; st != nil {
+			meta := map[string]string{}
+			for k, v := range st.Metadata {
+				meta[k] = v
+			}
+			delete(meta, model.ProvenanceKey)
+			if rec != nil {
+				meta[model.ProvenanceKey] = string(rec)
+			}
+			st.Metadata = meta
+			return st.Stage(set, out)
 		}
-		var w graph.Weights = s.w
-		if s.ck != nil && len(s.ck.Carried) > 0 {
-			w = withCarried{s.ck}
+		var w graph.Weights = s.Weights
+		if ck := s.Checkpoint; ck != nil && len(ck.Carried) > 0 {
+			w = withCarried{ck}
 		}
-		ts, err := safetensors.FromWeights(w, func(k string) safetensors.DType { return safetensors.FromTorch(s.torchDType(k)) })
+		ts, err := safetensors.FromWeights(w, func(k string) safetensors.DType { return safetensors.FromTorch(s.TorchDType(k)) })
 		if err != nil {
 			return fmt.Errorf("%s: %w", out, err)
 		}
-		return safetensors.StageTensors(set, out, ts, map[string]string{"format": "pt"})
+		meta := map[string]string{"format": "pt"}
+		if rec != nil {
+			meta[model.ProvenanceKey] = string(rec)
+		}
+		return safetensors.StageTensors(set, out, ts, meta)
 	}
-	if s.ck != nil {
-		return s.ck.Stage(set, out)
+	if ck := s.Checkpoint; ck != nil {
+		ck.Provenance = rec
+		return ck.Stage(set, out)
 	}
 	nc := pth.NewStateDict(out)
-	for _, k := range s.w.Keys() {
-		shape, _ := s.w.Shape(k)
-		if s.st != nil && s.st.DType(k).Size() == s.torchDType(k).Size() {
+	st := s.Safetensors
+	for _, k := range s.Weights.Keys() {
+		shape, _ := s.Weights.Shape(k)
+		if st != nil && st.DType(k).Size() == s.TorchDType(k).Size() {
 			// The bytes stream from the safetensors file (both formats store
 			// tensors row-major, little-endian) with the conversion's sign
 			// flips applied on the way: nothing is held.
 			key := k
-			if err := nc.AddStreamedTensor(k, s.torchDType(k), shape, func(w io.Writer) error { return s.st.WriteTensor(key, w) }); err != nil {
+			if err := nc.AddStreamedTensor(k, s.TorchDType(k), shape, func(w io.Writer) error { return st.WriteTensor(key, w) }); err != nil {
 				return err
 			}
 			continue
 		}
-		v, err := s.w.Values(k)
+		v, err := s.Weights.Values(k)
 		if err != nil {
 			return err
 		}
-		if err := nc.AddTensor(k, s.torchDType(k), shape, v); err != nil {
+		if err := nc.AddTensor(k, s.TorchDType(k), shape, v); err != nil {
 			return err
 		}
 	}
+	nc.Provenance = rec
 	return nc.Stage(set, out)
 }
 

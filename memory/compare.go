@@ -10,7 +10,7 @@ import (
 
 	"github.com/abnconvert/abnconvert/arch"
 	"github.com/abnconvert/abnconvert/graph"
-	"github.com/abnconvert/abnconvert/pth"
+	"github.com/abnconvert/abnconvert/model"
 	"github.com/abnconvert/abnconvert/rewrite"
 	"github.com/abnconvert/abnconvert/runtime"
 )
@@ -20,14 +20,14 @@ import (
 // original and the converted network each need their own.
 type Source func() (graph.Weights, func() error, error)
 
-// FileSource opens a checkpoint file (any format pth.Open reads).
+// FileSource opens a checkpoint file (any format package model opens).
 func FileSource(path string) Source {
 	return func() (graph.Weights, func() error, error) {
-		c, err := pth.Open(path)
+		m, err := model.Open(path)
 		if err != nil {
 			return nil, nil, err
 		}
-		return c, c.Close, nil
+		return m.Weights, func() error { m.Close(); return nil }, nil
 	}
 }
 

@@ -166,6 +166,25 @@ func (w *writer) assemble(outDir string) (*pb.ModelProto, error) {
 		}
 		out.MetadataProps = append(meta, &pb.StringStringEntryProto{Key: strp(MetaRecompute), Value: strp(string(b))})
 	}
+	if len(w.opt.Metadata) > 0 {
+		// The given entries replace those of the same key, after the
+		// others, in key order: the output depends on nothing else.
+		var meta []*pb.StringStringEntryProto
+		for _, kv := range out.MetadataProps {
+			if _, ok := w.opt.Metadata[kv.GetKey()]; !ok {
+				meta = append(meta, kv)
+			}
+		}
+		keys := make([]string, 0, len(w.opt.Metadata))
+		for k := range w.opt.Metadata {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			meta = append(meta, &pb.StringStringEntryProto{Key: strp(k), Value: strp(w.opt.Metadata[k])})
+		}
+		out.MetadataProps = meta
+	}
 	return out, nil
 }
 

@@ -41,6 +41,19 @@ type WriteOptions struct {
 	// Sync flushes the file to disk before renaming it into place (see
 	// output.Options).
 	Sync bool
+	// Metadata are metadata_props entries to write, replacing those of the
+	// same key the model has (abnconvert's provenance record).
+	Metadata map[string]string
+}
+
+// Metadata is the model's metadata_props entry key, as read.
+func (m *Model) Metadata(key string) (string, bool) {
+	for _, kv := range m.proto.GetMetadataProps() {
+		if kv.GetKey() == key {
+			return kv.GetValue(), true
+		}
+	}
+	return "", false
 }
 
 // maxProto is protobuf's 2 GiB message limit.

@@ -58,6 +58,10 @@ type Checkpoint struct {
 	// structure is recognised from the weights alone, and written back
 	// unchanged (Tensor, Shape and Values still read them).
 	Carried []string
+	// Provenance is the ProvenanceRecord of a zip checkpoint abnconvert
+	// wrote (nil when there is none). Write writes it back when set: a
+	// converter sets its own record, revert clears it.
+	Provenance []byte
 
 	f     *os.File
 	stat  os.FileInfo
@@ -298,6 +302,16 @@ func (c *Checkpoint) loadZip() error {
 			return fmt.Errorf("storages are %q-endian; only little-endian checkpoints are supported", s)
 		}
 	}
+	if zf := a.record(ProvenanceRecord); zf != nil {
+		if zf.UncompressedSize64 > maxProvenance {
+			return fmt.Errorf("record %s is %d bytes, more than %d", zf.Name, zf.UncompressedSize64, maxProvenance)
+		}
+		b, err := readAll(zf)
+		if err != nil {
+			return err
+		}
+		c.Provenance = b
+	}
 	res, err := a.readPickle()
 	c.Globals = res.globals
 	if err != nil {
@@ -351,6 +365,29 @@ func (st *Storage) checkSize() error {
 		return fmt.Errorf("storage %q (%s) holds %d bytes, fewer than %d elements of %s need", st.Key, st.rec.name, st.rec.size, st.Numel, st.DType)
 	}
 	return nil
+}
+
+// ProvenanceRecord is the zip record, below the archive's folder, that
+// holds abnconvert's provenance record (package model). torch.load reads
+// only the records its pickle references (data/<key>) and a few it knows
+// by name (version, byteorder, .data/...), so it ignores this one.
+const ProvenanceRecord = "abnconvert.json"
+
+// maxProvenance bounds the provenance record: a few hundred bytes per BN.
+const maxProvenance = 64 << 20
+
+// readAll reads a whole record whose declared size was checked.
+func readAll(zf *zip.File) ([]byte, error) {
+	rc, err := zf.Open()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", zf.Name, err)
+	}
+	defer rc.Close()
+	b, err := io.ReadAll(io.LimitReader(rc, int64(zf.UncompressedSize64)+1))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", zf.Name, recordError(err))
+	}
+	return b, nil
 }
 
 func readSmall(zf *zip.File) ([]byte, error) {

@@ -235,6 +235,11 @@ func (c *Checkpoint) writeTo(w io.Writer, force64 bool) (int64, error) {
 			return z.off, err
 		}
 	}
+	if c.Provenance != nil {
+		if err := add("archive/"+ProvenanceRecord, c.Provenance); err != nil {
+			return z.off, err
+		}
+	}
 	// torch writes "3\n"; its loader reads the leading number.
 	if err := add("archive/version", []byte("3\n")); err != nil {
 		return z.off, err

@@ -11,6 +11,7 @@ import (
 
 	"github.com/abnconvert/abnconvert/failure"
 	"github.com/abnconvert/abnconvert/graph"
+	"github.com/abnconvert/abnconvert/model"
 	"github.com/abnconvert/abnconvert/onnx"
 	"github.com/abnconvert/abnconvert/rewrite"
 	"github.com/abnconvert/abnconvert/runtime"
@@ -43,20 +44,32 @@ func runONNX(opt Options) (*Result, error) {
 	if newBackend == nil {
 		newBackend = func() (runtime.Backend, error) { return runtime.NewCPU(0), nil }
 	}
-	orig, err := readRunnable(opt.Original, false)
+	origModel, err := readRunnable(opt.Original, false)
 	if err != nil {
 		return nil, err
 	}
-	conv, err := readRunnable(opt.Converted, true)
+	orig := origModel.ONNX
+	convModel, err := readRunnable(opt.Converted, true)
 	if err != nil {
 		return nil, err
+	}
+	conv := convModel.ONNX
+	// The conversion's flags, from the converted model's provenance record
+	// (provenance.go).
+	from, warnings, err := opt.settle(convModel)
+	if err != nil {
+		return nil, err
+	}
+	if opt.Batch < 1 || opt.Size < 1 {
+		return nil, fmt.Errorf("--batch %d, --size %d: both must be positive", opt.Batch, opt.Size)
 	}
 
 	// The conversion's report, from the same rewrite on a fresh read.
-	again, err := onnx.Read(opt.Original)
+	againModel, err := model.Open(opt.Original)
 	if err != nil {
 		return nil, err
 	}
+	again := againModel.ONNX
 	rep, err := rewrite.Run(again.Graph, again.Weights, rewrite.Options{ReLU: opt.ReLU, Slope: opt.Slope, Sync: opt.Sync})
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", opt.Original, err)
@@ -73,7 +86,7 @@ func runONNX(opt Options) (*Result, error) {
 		return nil, err
 	}
 	res := &Result{Original: opt.Original, Converted: opt.Converted, Arch: orig.Graph.Arch, Device: opt.Device,
-		Input: x.Shape, Seed: opt.Seed, Strict: opt.Strict}
+		Input: x.Shape, Seed: opt.Seed, Strict: opt.Strict, FlagsFrom: from, Warnings: warnings}
 	mk := func(g *graph.Graph, w graph.Weights, what string) (*network, error) {
 		return newNetwork(newBackend, opt.Seed, g, w, what, opt.Progress)
 	}
@@ -96,10 +109,11 @@ func runONNX(opt Options) (*Result, error) {
 	res.add(compare("eval output", yConv.Data, yRef.Data, nil, evalLimit(opt, yRef.Data)))
 
 	if approx > 0 || tiny > 0 {
-		plain, err := readRunnable(opt.Original, false)
+		plainModel, err := readRunnable(opt.Original, false)
 		if err != nil {
 			return nil, err
 		}
+		plain := plainModel.ONNX
 		o, err := mk(plain.Graph, plain.Weights, "original")
 		if err != nil {
 			return nil, err
@@ -159,7 +173,7 @@ func runONNX(opt Options) (*Result, error) {
 	return res, nil
 }
 
-func isONNXPath(p string) bool { return strings.EqualFold(filepath.Ext(p), ".onnx") }
+func isONNXPath(p string) bool { return model.IsONNX(p) }
 
 func norms(g *graph.Graph) int {
 	n := 0
@@ -202,18 +216,19 @@ const customPrefix = onnx.OpaquePrefix + onnx.Domain + "."
 // runtime runs; it refuses a model with anything else. A converted model
 // may be folded for inference (no BatchNormalization left), which the
 // reader otherwise refuses as an eval-mode export.
-func readRunnable(path string, converted bool) (*onnx.Model, error) {
-	m, err := onnx.ReadWith(path, onnx.ReadOptions{AllowEvalExport: converted})
+func readRunnable(path string, converted bool) (*model.Model, error) {
+	md, err := model.OpenONNX(path, onnx.ReadOptions{AllowEvalExport: converted})
 	if err != nil {
 		return nil, err
 	}
+	m := md.ONNX
 	if err := lower(m, path); err != nil {
 		return nil, err
 	}
 	if err := runnable(m, path); err != nil {
 		return nil, err
 	}
-	return m, nil
+	return md, nil
 }
 
 // lower turns the ai.abnconvert nodes of a converted file into IR nodes,

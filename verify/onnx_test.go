@@ -66,14 +66,12 @@ func TestONNXPreserved(t *testing.T) {
 // TestONNXCaught: conversions that do not compute what was promised fail.
 func TestONNXCaught(t *testing.T) {
 	// Converted exactly (ABN relu) but verified as if ReLU had become
-	// leaky_relu: the reference differs.
+	// leaky_relu: the provenance record says otherwise, and verify
+	// refuses, naming both values.
 	in := onnxFixtures["tiny_dense"]
-	res, err := Run(Options{Original: in, Converted: convertONNX(t, in, "custom", "abn"), ReLU: "leaky", Slope: 0.2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.Preserved {
-		t.Error("an ABN conversion verified as a leaky one")
+	_, err := Run(Options{Original: in, Converted: convertONNX(t, in, "custom", "abn"), ReLU: "leaky", Slope: 0.2})
+	if err == nil || !strings.Contains(err.Error(), "--relu leaky") || !strings.Contains(err.Error(), "--relu abn") {
+		t.Errorf("a flag contradicting the record: %v", err)
 	}
 	// One stored InPlace-ABN weight perturbed in the file.
 	in = onnxFixtures["custom"]
@@ -98,7 +96,7 @@ func TestONNXCaught(t *testing.T) {
 	binary.LittleEndian.PutUint32(b[at:], math.Float32bits(float32(w[0]*1.5)))
 	bad := filepath.Join(t.TempDir(), "bad.onnx")
 	os.WriteFile(bad, b, 0o644)
-	res, err = Run(Options{Original: in, Converted: bad})
+	res, err := Run(Options{Original: in, Converted: bad})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,10 +139,11 @@ func TestONNXLoweringAgainstTorch(t *testing.T) {
 	if err := json.Unmarshal(b, &gold); err != nil {
 		t.Fatal(err)
 	}
-	m, err := readRunnable(onnxFixtures["tiny_dense"], false)
+	md, err := readRunnable(onnxFixtures["tiny_dense"], false)
 	if err != nil {
 		t.Fatal(err)
 	}
+	m := md.ONNX
 	ex, err := runtime.New(m.Graph, m.Weights, runtime.NewCPU(0), runtime.Options{})
 	if err != nil {
 		t.Fatal(err)

@@ -5,8 +5,9 @@
 //
 // The converted checkpoint carries no structure of its own (its keys are the
 // original's), so the converted graph is rebuilt by recognising the original
-// and running the same rewrite pipeline with the same flags; the converted
-// weights are then read from the converted file. A conversion that wrote
+// and running the same rewrite pipeline with the conversion's flags, which
+// the converted file's provenance record gives (provenance.go); the
+// converted weights are then read from the converted file. A conversion that wrote
 // anything else (a perturbed weight, BN weights copied without the
 // |weight| + eps reparametrisation) therefore fails.
 //
@@ -26,8 +27,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/abnconvert/abnconvert/convert"
 	"github.com/abnconvert/abnconvert/graph"
+	"github.com/abnconvert/abnconvert/model"
 	"github.com/abnconvert/abnconvert/rewrite"
 	"github.com/abnconvert/abnconvert/runtime"
 )
@@ -114,6 +115,12 @@ type Result struct {
 	Preserved bool    `json:"preserved"`
 	// Failed names the failing checks, for a one-line verdict.
 	Failed []string `json:"failed,omitempty"`
+	// FlagsFrom says where the conversion's flags came from: the converted
+	// file's provenance record (with the flags), or the command line.
+	FlagsFrom string `json:"flags_from"`
+	// Warnings: no record (which flags to give), or a record naming
+	// another original.
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 func (o *Options) defaults() {
@@ -164,13 +171,24 @@ type network struct {
 // a Result that fails); a Result with Preserved false means the outputs
 // differ.
 func Run(opt Options) (*Result, error) {
-	opt.defaults()
-	if opt.Batch < 1 || opt.Size < 1 {
-		return nil, fmt.Errorf("--batch %d, --size %d: both must be positive", opt.Batch, opt.Size)
-	}
 	if isONNXPath(opt.Original) || isONNXPath(opt.Converted) {
 		return runONNX(opt) // onnx.go
 	}
+	// The converted file first: its provenance record gives the flags
+	// the original's network is converted with (provenance.go).
+	convModel, err := model.Open(opt.Converted)
+	if err != nil {
+		return nil, err
+	}
+	defer convModel.Close()
+	from, warnings, err := opt.settle(convModel)
+	if err != nil {
+		return nil, err
+	}
+	if opt.Batch < 1 || opt.Size < 1 {
+		return nil, fmt.Errorf("--batch %d, --size %d: both must be positive", opt.Batch, opt.Size)
+	}
+	convW := convModel.Weights
 	newBackend := opt.NewBackend
 	if newBackend == nil {
 		newBackend = func() (runtime.Backend, error) { return runtime.NewCPU(0), nil }
@@ -178,18 +196,13 @@ func Run(opt Options) (*Result, error) {
 	// Every state-dict source a conversion reads (.pth state dict, whole
 	// pickled module, .safetensors; structure recognised, from the module
 	// tree, or from --graph) opens the same way; each open is a fresh view.
-	copt := convert.Options{Arch: opt.Arch, Graph: opt.Graph}
-	open := func() (*convert.Network, error) { return convert.OpenNetwork(opt.Original, copt) }
+	mopt := model.Options{Arch: opt.Arch, Graph: opt.Graph}
+	open := func() (*model.Network, error) { return model.OpenNetwork(opt.Original, mopt) }
 	src, err := open()
 	if err != nil {
 		return nil, err
 	}
 	defer src.Close()
-	convW, closeConv, err := convert.OpenWeights(opt.Converted)
-	if err != nil {
-		return nil, err
-	}
-	defer closeConv()
 	if err := sameLayout(src.Weights, convW, opt); err != nil {
 		return nil, err
 	}
@@ -222,7 +235,7 @@ func Run(opt Options) (*Result, error) {
 		return nil, err
 	}
 	res := &Result{Original: opt.Original, Converted: opt.Converted, Arch: match.Arch, Device: opt.Device,
-		Input: x.Shape, Seed: opt.Seed, Strict: opt.Strict}
+		Input: x.Shape, Seed: opt.Seed, Strict: opt.Strict, FlagsFrom: from, Warnings: warnings}
 
 	mk := func(g *graph.Graph, w graph.Weights, what string) (*network, error) {
 		return newNetwork(newBackend, opt.Seed, g, w, what, opt.Progress)

@@ -78,6 +78,81 @@ func rewriteKey(t *testing.T, src, key string, f func([]float64)) string {
 	return out
 }
 
+// withoutRecord is a copy of a converted checkpoint without its
+// provenance record, as an older abnconvert wrote it.
+func withoutRecord(t *testing.T, src string) string {
+	t.Helper()
+	ck, err := pth.Open(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.Close()
+	if ck.Provenance == nil {
+		t.Fatalf("%s has no provenance record", src)
+	}
+	ck.Provenance = nil
+	out := filepath.Join(t.TempDir(), "norecord.pth")
+	if err := ck.Write(out, pth.WriteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestFlagsFromRecord: a converted file's record gives the flags; a flag
+// that contradicts it is refused with both values; a file without one is
+// verified with the flags given, and the result says which to give.
+func TestFlagsFromRecord(t *testing.T) {
+	abn := converted(t, "tiny_resnext", "abn")
+	res, err := Run(Options{Original: fixture("tiny_resnext"), Converted: abn, Size: 32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Preserved || !strings.Contains(res.FlagsFrom, "--relu abn") {
+		t.Errorf("a --relu abn conversion verified with no flags: preserved %v, flags from %q, failed %v", res.Preserved, res.FlagsFrom, res.Failed)
+	}
+	for _, c := range []struct {
+		opt       Options
+		gave, rec string
+	}{
+		{Options{ReLU: "leaky"}, "--relu leaky", "--relu abn"},
+		{Options{Slope: 0.2}, "--slope 0.2", "--slope 0.01"},
+		{Options{Sync: true}, "--sync", "did not use --sync"},
+		{Options{Arch: "resnet18"}, "--arch resnet18", "--arch auto"},
+		{Options{Graph: fixture("tiny_vgg")}, "--graph", "recogniser"},
+	} {
+		o := c.opt
+		o.Original, o.Converted, o.Size = fixture("tiny_resnext"), abn, 32
+		_, err := Run(o)
+		if err == nil || !strings.Contains(err.Error(), c.gave) || !strings.Contains(err.Error(), c.rec) {
+			t.Errorf("%+v: %v, want it to name %q and %q", c.opt, err, c.gave, c.rec)
+		}
+	}
+	// Agreeing flags are fine.
+	if res, err := Run(Options{Original: fixture("tiny_resnext"), Converted: abn, ReLU: "abn", Size: 32}); err != nil || !res.Preserved {
+		t.Errorf("agreeing flag: %v %+v", err, res)
+	}
+	// Another original than the one converted: said, and verified anyway.
+	other := rewriteKey(t, fixture("tiny_resnext"), "fc.bias", func(v []float64) { v[0] += 1 })
+	res, err = Run(Options{Original: other, Converted: abn, Size: 32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Warnings) != 1 || !strings.Contains(res.Warnings[0], "was converted from tiny_resnext.pth") || res.Preserved {
+		t.Errorf("another original: warnings %q, preserved %v", res.Warnings, res.Preserved)
+	}
+	bare := withoutRecord(t, abn)
+	res, err = Run(Options{Original: fixture("tiny_resnext"), Converted: bare, Size: 32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.FlagsFrom != "command line" || len(res.Warnings) != 1 || !strings.Contains(res.Warnings[0], "no provenance record") || !strings.Contains(res.Warnings[0], "--relu") {
+		t.Errorf("no record: from %q, warnings %q", res.FlagsFrom, res.Warnings)
+	}
+	if res, err := Run(Options{Original: fixture("tiny_resnext"), Converted: bare, ReLU: "abn", Size: 32}); err != nil || !res.Preserved {
+		t.Errorf("no record, right flags: %v %+v", err, res)
+	}
+}
+
 // TestCaught: what verify exists to refuse.
 func TestCaught(t *testing.T) {
 	good := converted(t, "tiny_resnext", "leaky")
@@ -96,7 +171,9 @@ func TestCaught(t *testing.T) {
 		// reparametrisation, no sign folding): the original file itself.
 		{"naive weight copy", fixture("tiny_resnext"), fixture("tiny_resnext"), "leaky", false, "eval output"},
 		{"naive copy, exact policy", fixture("tiny_densenet"), fixture("tiny_densenet"), "leaky", false, "eval output"},
-		{"flags differ from the conversion's", fixture("tiny_resnext"), good, "abn", false, "eval output"},
+		// A converted file without a provenance record is rebuilt from the
+		// flags given: wrong ones fail.
+		{"flags differ from the conversion's, no record", fixture("tiny_resnext"), withoutRecord(t, good), "abn", false, "eval output"},
 		{"drift under --strict", fixture("tiny_resnext"), good, "leaky", true, "drift (--strict)"},
 	}
 	for _, c := range cases {
