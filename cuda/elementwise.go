@@ -105,7 +105,20 @@ func (b *Backend) Mul(dst, x, y runtime.Tensor) error {
 	return nil
 }
 
+// kernelAct refuses the activations the kernels do not compute (the
+// kernels' switch would otherwise pass them through as identity).
+func kernelAct(act runtime.Act) error {
+	switch act.Kind {
+	case runtime.ActIdentity, runtime.ActReLU, runtime.ActLeakyReLU, runtime.ActELU:
+		return nil
+	}
+	return fmt.Errorf("cuda: activation %s has no kernel yet (the CPU backend runs it)", act)
+}
+
 func (b *Backend) Activation(dst, src runtime.Tensor, act runtime.Act) error {
+	if err := kernelAct(act); err != nil {
+		return err
+	}
 	t, err := b.nonNil("activation", dst, src)
 	if err != nil {
 		return err
@@ -120,6 +133,9 @@ func (b *Backend) Activation(dst, src runtime.Tensor, act runtime.Act) error {
 }
 
 func (b *Backend) ActivationBackward(dx, dy, saved runtime.Tensor, act runtime.Act, fromOutput bool) error {
+	if err := kernelAct(act); err != nil {
+		return err
+	}
 	t, err := b.nonNil("activation backward", dx, dy, saved)
 	if err != nil {
 		return err

@@ -36,6 +36,27 @@ const (
 	OpFlatten         Op = "Flatten"
 	OpLinear          Op = "Linear"
 	OpDropout         Op = "Dropout"
+
+	// Activations InPlace-ABN cannot invert (the shapes of MobileNet,
+	// EfficientNet and RegNetY): each is elementwise and keeps, for its
+	// backward, what PyTorch 1.13's autograd keeps (see runtime).
+	// Hardtanh clamps to [ActParam, ActParam2] (ReLU6 is Hardtanh(0, 6),
+	// ONNX's Clip); Hardsigmoid is max(0, min(1, ActParam*x + ActParam2)),
+	// ONNX's HardSigmoid (torch's is alpha 1/6, beta 0.5); Hardswish is
+	// torch's x * relu6(x + 3) / 6; GELU is the exact (erf) form.
+	OpHardtanh    Op = "Hardtanh"
+	OpSigmoid     Op = "Sigmoid"
+	OpSiLU        Op = "SiLU"
+	OpHardsigmoid Op = "Hardsigmoid"
+	OpHardswish   Op = "Hardswish"
+	OpGELU        Op = "GELU"
+
+	// Binary elementwise ops with NumPy broadcasting (a squeeze-and-
+	// excitation gate multiplies (N, C, H, W) by (N, C, 1, 1)). Add also
+	// broadcasts when it has two inputs.
+	OpMul Op = "Mul"
+	OpSub Op = "Sub"
+	OpDiv Op = "Div"
 )
 
 // Activation names of the ABN family, spelled as the inplace_abn package
@@ -87,6 +108,9 @@ type Attr struct {
 	// leaky-ReLU slope or the ELU alpha. LeakyReLU/ELU nodes use ActParam too.
 	Activation string  `json:"activation,omitempty"`
 	ActParam   float64 `json:"activation_param,omitempty"`
+	// ActParam2 is Hardtanh's upper bound and Hardsigmoid's offset (beta);
+	// ActParam is then the lower bound, or the slope (alpha).
+	ActParam2 float64 `json:"activation_param2,omitempty"`
 
 	// Concat.
 	Axis int `json:"axis,omitempty"`
@@ -306,7 +330,22 @@ var arity = map[Op]int{
 	OpInput: 0, OpConv: 1, OpBatchNorm: 1, OpReLU: 1, OpLeakyReLU: 1, OpELU: 1,
 	OpInPlaceABN: 1, OpInPlaceABNSync: 1, OpABN: 1, OpAdd: -1, OpConcat: -1,
 	OpMaxPool: 1, OpAvgPool: 1, OpAdaptiveAvgPool: 1, OpFlatten: 1, OpLinear: 1, OpDropout: 1,
+	OpHardtanh: 1, OpSigmoid: 1, OpSiLU: 1, OpHardsigmoid: 1, OpHardswish: 1, OpGELU: 1,
+	OpMul: 2, OpSub: 2, OpDiv: 2,
 }
+
+// IsActivation reports whether op is an elementwise activation of one
+// input, the ones InPlace-ABN can fuse (ReLU, LeakyReLU, ELU) or not.
+func (op Op) IsActivation() bool {
+	switch op {
+	case OpReLU, OpLeakyReLU, OpELU, OpHardtanh, OpSigmoid, OpSiLU, OpHardsigmoid, OpHardswish, OpGELU:
+		return true
+	}
+	return false
+}
+
+// IsBinary reports whether op is a broadcasting binary elementwise op.
+func (op Op) IsBinary() bool { return op == OpMul || op == OpSub || op == OpDiv }
 
 func containsNode(list []*Node, n *Node) bool {
 	for _, m := range list {
@@ -379,6 +418,8 @@ func (a Attr) summary(op Op) string {
 		return fmt.Sprintf("%d eps=%g momentum=%g %s(%g)", a.Features, a.Eps, a.Momentum, a.Activation, a.ActParam)
 	case OpLeakyReLU, OpELU:
 		return fmt.Sprintf("%g", a.ActParam)
+	case OpHardtanh, OpHardsigmoid:
+		return fmt.Sprintf("%g, %g", a.ActParam, a.ActParam2)
 	case OpMaxPool, OpAvgPool:
 		return fmt.Sprintf("k%v s%v p%v ceil=%v", a.KernelSize, a.Stride, a.Padding, a.CeilMode)
 	case OpAdaptiveAvgPool:

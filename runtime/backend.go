@@ -239,6 +239,59 @@ type Pooling interface {
 	AdaptiveAvgPoolBackward(dx, dy Tensor) error
 }
 
+// BinaryOp is an elementwise binary op.
+type BinaryOp uint8
+
+const (
+	BinaryAdd BinaryOp = iota
+	BinarySub
+	BinaryMul
+	BinaryDiv
+)
+
+func (op BinaryOp) String() string {
+	return [...]string{"add", "sub", "mul", "div"}[op]
+}
+
+// Broadcasting holds elementwise binary ops whose operands have different
+// shapes, with NumPy's (and PyTorch's) rule: shapes aligned on their last
+// dimension, each dimension equal or 1 in one of them. It is optional: a
+// backend without it cannot run graphs with Mul, Sub, Div or a
+// broadcasting Add, and the executor says so.
+type Broadcasting interface {
+	// Binary writes a op b into dst, whose shape is the broadcast shape.
+	Binary(dst, a, b Tensor, op BinaryOp) error
+	// BinaryBackward writes into da and db the gradients of a and b from
+	// dy, summed over the dimensions each was broadcast along (both are
+	// overwritten). a and b are the operands, needed for Mul and Div
+	// only: nil for Add and Sub, which keep nothing for backward.
+	BinaryBackward(da, db, dy, a, b Tensor, op BinaryOp) error
+}
+
+// BroadcastShape is the shape of a op b under NumPy's rule.
+func BroadcastShape(a, b []int) ([]int, error) {
+	n := max(len(a), len(b))
+	out := make([]int, n)
+	for i := 0; i < n; i++ {
+		da, db := 1, 1
+		if k := len(a) - n + i; k >= 0 {
+			da = a[k]
+		}
+		if k := len(b) - n + i; k >= 0 {
+			db = b[k]
+		}
+		switch {
+		case da == db, db == 1:
+			out[i] = da
+		case da == 1:
+			out[i] = db
+		default:
+			return nil, fmt.Errorf("shapes %v and %v do not broadcast", a, b)
+		}
+	}
+	return out, nil
+}
+
 // ConvParams are a convolution's hyper-parameters.
 type ConvParams struct {
 	Stride, Padding, Dilation [2]int
@@ -261,12 +314,22 @@ const (
 	ActReLU
 	ActLeakyReLU
 	ActELU
+	// The activations InPlace-ABN cannot invert. A backend that does not
+	// implement one must refuse it, not compute another.
+	ActHardtanh    // clamp to [Param, Param2]
+	ActSigmoid     // its backward works from the output
+	ActSiLU        // x * sigmoid(x)
+	ActHardsigmoid // max(0, min(1, Param*x + Param2))
+	ActHardswish   // x * relu6(x + 3) / 6
+	ActGELU        // x * (1 + erf(x / sqrt 2)) / 2
 )
 
-// Act is an activation and its parameter (leaky slope or ELU alpha).
+// Act is an activation and its parameters (leaky slope, ELU alpha,
+// Hardtanh's bounds, Hardsigmoid's alpha and beta).
 type Act struct {
-	Kind  ActKind
-	Param float64
+	Kind   ActKind
+	Param  float64
+	Param2 float64
 }
 
 func (a Act) String() string {
@@ -277,6 +340,18 @@ func (a Act) String() string {
 		return fmt.Sprintf("leaky_relu(%g)", a.Param)
 	case ActELU:
 		return fmt.Sprintf("elu(%g)", a.Param)
+	case ActHardtanh:
+		return fmt.Sprintf("hardtanh(%g, %g)", a.Param, a.Param2)
+	case ActSigmoid:
+		return "sigmoid"
+	case ActSiLU:
+		return "silu"
+	case ActHardsigmoid:
+		return fmt.Sprintf("hardsigmoid(%g, %g)", a.Param, a.Param2)
+	case ActHardswish:
+		return "hardswish"
+	case ActGELU:
+		return "gelu"
 	}
 	return "identity"
 }

@@ -272,9 +272,10 @@ func (e *Executor) backward(r *run, i int, nd *graph.Node) error {
 		return finishAll(tx, tw, tb)
 	case graph.OpBatchNorm, graph.OpABN, graph.OpInPlaceABN, graph.OpInPlaceABNSync:
 		return e.normBackward(r, i, nd, &dy, e.in(r, nd, 0), r.vals[i])
-	case graph.OpReLU, graph.OpLeakyReLU, graph.OpELU:
+	case graph.OpReLU, graph.OpLeakyReLU, graph.OpELU, graph.OpHardtanh, graph.OpSigmoid, graph.OpSiLU,
+		graph.OpHardsigmoid, graph.OpHardswish, graph.OpGELU:
 		act := actOf(nd)
-		fromOut := r.at(i).inPlace || nd.Op == graph.OpReLU
+		fromOut := r.at(i).inPlace || nd.Op == graph.OpReLU || nd.Op == graph.OpSigmoid
 		saved := e.in(r, nd, 0)
 		if fromOut {
 			saved = r.vals[i]
@@ -287,7 +288,10 @@ func (e *Executor) backward(r *run, i int, nd *graph.Node) error {
 			return err
 		}
 		return tx.finish()
-	case graph.OpAdd:
+	case graph.OpAdd, graph.OpMul, graph.OpSub, graph.OpDiv:
+		if op, ok := binaryOf(nd, p, e.index); ok {
+			return e.binaryBackward(r, nd, dy.t, op)
+		}
 		for k := range nd.Inputs {
 			var reuse *gref
 			if k == len(nd.Inputs)-1 {
@@ -343,6 +347,33 @@ func (e *Executor) backward(r *run, i int, nd *graph.Node) error {
 	}
 	// inferShapes accepted the op, so this is a bug, not the network's.
 	return failure.Internalf("op %s planned but not differentiated by the backward pass", nd.Op)
+}
+
+// binaryBackward runs a broadcasting binary op's backward: both input
+// gradients at once, from the operands Mul and Div kept.
+func (e *Executor) binaryBackward(r *run, nd *graph.Node, dy Tensor, op BinaryOp) error {
+	bb, err := e.broadcasting()
+	if err != nil {
+		return err
+	}
+	ta, err := e.inputTarget(r, nd, 0, nil)
+	if err != nil {
+		return err
+	}
+	// Adopt (or fold in) the first gradient before asking for the second:
+	// x * x reads one value twice.
+	tb, err := e.inputTarget(r, nd, 1, nil)
+	if err != nil {
+		return err
+	}
+	var a, b Tensor
+	if op == BinaryMul || op == BinaryDiv {
+		a, b = e.in(r, nd, 0), e.in(r, nd, 1)
+	}
+	if err := bb.BinaryBackward(ta.dst, tb.dst, dy, a, b, op); err != nil {
+		return err
+	}
+	return finishAll(ta, tb)
 }
 
 // normBackward runs a BN-family node's backward from its saved tensors: the

@@ -430,6 +430,8 @@ func activate(d, s []float32, act Act) {
 				d[k] = float32(a * math.Expm1(float64(v)))
 			}
 		}
+	case ActHardtanh, ActSigmoid, ActSiLU, ActHardsigmoid, ActHardswish, ActGELU:
+		activateSmooth(d, s, act)
 	default:
 		copy(d, s)
 	}
@@ -476,6 +478,8 @@ func activateBackward(d, g, s []float32, act Act, fromOutput bool) {
 				d[k] = g[k] * float32(a*math.Exp(float64(v)))
 			}
 		}
+	case ActHardtanh, ActSigmoid, ActSiLU, ActHardsigmoid, ActHardswish, ActGELU:
+		activateSmoothBackward(d, g, s, act)
 	default:
 		copy(d, g)
 	}

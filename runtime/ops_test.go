@@ -59,6 +59,22 @@ func buildCase(c opCase) (*graph.Graph, *graph.MemWeights) {
 			g.Add("op", graph.OpConcat, c.Attr, nil, x, act, x)
 		}
 		return g, w
+	case "binary", "binary_rev", "binary_same":
+		// A squeeze-and-excitation gate: x op sigmoid(mean over H, W),
+		// the gate first for binary_rev; binary_same: x op leaky(x).
+		var other *graph.Value
+		if c.Graph == "binary_same" {
+			other = g.Add("act", graph.OpLeakyReLU, graph.Attr{ActParam: 0.3}, nil, x)
+		} else {
+			pool := g.Add("pool", graph.OpAdaptiveAvgPool, graph.Attr{OutputSize: [2]int{1, 1}}, nil, x)
+			other = g.Add("gate", graph.OpSigmoid, graph.Attr{}, nil, pool)
+		}
+		if c.Graph == "binary_rev" {
+			g.Add("op", graph.Op(c.Op), c.Attr, nil, other, x)
+		} else {
+			g.Add("op", graph.Op(c.Op), c.Attr, nil, x, other)
+		}
+		return g, w
 	}
 	if len(params) == 0 {
 		params = nil
@@ -94,7 +110,9 @@ func TestOpsAgainstTorch(t *testing.T) {
 	}
 	for _, op := range []graph.Op{graph.OpConv, graph.OpBatchNorm, graph.OpReLU, graph.OpLeakyReLU, graph.OpELU,
 		graph.OpInPlaceABN, graph.OpInPlaceABNSync, graph.OpABN, graph.OpAdd, graph.OpConcat, graph.OpMaxPool,
-		graph.OpAvgPool, graph.OpAdaptiveAvgPool, graph.OpFlatten, graph.OpLinear, graph.OpDropout} {
+		graph.OpAvgPool, graph.OpAdaptiveAvgPool, graph.OpFlatten, graph.OpLinear, graph.OpDropout,
+		graph.OpHardtanh, graph.OpSigmoid, graph.OpSiLU, graph.OpHardsigmoid, graph.OpHardswish, graph.OpGELU,
+		graph.OpMul, graph.OpSub, graph.OpDiv} {
 		if !seen[string(op)] {
 			t.Errorf("no golden case for %s", op)
 		}

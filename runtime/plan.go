@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"fmt"
+	"math"
 
 	"github.com/abnconvert/abnconvert/failure"
 	"github.com/abnconvert/abnconvert/graph"
@@ -529,8 +530,17 @@ func (p *plan) planSaves(g *graph.Graph, nd *graph.Node, i int, pp *pass, sto fu
 		if p.training {
 			p.keep(i, pp.aux[1])
 		}
-	case graph.OpReLU:
+	case graph.OpReLU, graph.OpSigmoid:
 		p.keep(i, out)
+	case graph.OpHardtanh, graph.OpSiLU, graph.OpHardsigmoid, graph.OpHardswish, graph.OpGELU:
+		// PyTorch keeps their input; their in-place forms (torchvision's
+		// inplace=True ReLU6, SiLU, Hardswish) keep a copy of it, the same
+		// bytes. The runtime never runs them in place.
+		p.keep(i, in(0))
+	case graph.OpMul, graph.OpDiv:
+		// Both operands (every value of a graph requires grad).
+		p.keep(i, in(0))
+		p.keep(i, in(1))
 	case graph.OpLeakyReLU, graph.OpELU:
 		if pp.inPlace {
 			p.keep(i, out)
@@ -710,9 +720,25 @@ func outShape(nd *graph.Node, input []int, ins [][]int, training bool) ([]int, e
 			}
 		}
 		return append([]int(nil), x...), nil
-	case graph.OpReLU, graph.OpLeakyReLU, graph.OpELU, graph.OpDropout:
+	case graph.OpReLU, graph.OpLeakyReLU, graph.OpELU, graph.OpDropout, graph.OpSigmoid, graph.OpSiLU,
+		graph.OpHardswish, graph.OpGELU:
 		return append([]int(nil), ins[0]...), nil
+	case graph.OpHardtanh:
+		if !(a.ActParam <= a.ActParam2) {
+			return nil, fmt.Errorf("bounds [%g, %g] are empty", a.ActParam, a.ActParam2)
+		}
+		return append([]int(nil), ins[0]...), nil
+	case graph.OpHardsigmoid:
+		if math.IsNaN(a.ActParam) || math.IsNaN(a.ActParam2) || math.IsInf(a.ActParam, 0) || math.IsInf(a.ActParam2, 0) {
+			return nil, fmt.Errorf("alpha %g, beta %g: not finite", a.ActParam, a.ActParam2)
+		}
+		return append([]int(nil), ins[0]...), nil
+	case graph.OpMul, graph.OpSub, graph.OpDiv:
+		return BroadcastShape(ins[0], ins[1])
 	case graph.OpAdd:
+		if len(ins) == 2 && !sameInts(ins[0], ins[1]) {
+			return BroadcastShape(ins[0], ins[1])
+		}
 		for _, s := range ins[1:] {
 			if !sameInts(s, ins[0]) {
 				return nil, fmt.Errorf("adds shapes %v and %v", ins[0], s)
@@ -808,6 +834,18 @@ func actOf(nd *graph.Node) Act {
 		return Act{Kind: ActLeakyReLU, Param: a.ActParam}
 	case graph.OpELU:
 		return Act{Kind: ActELU, Param: a.ActParam}
+	case graph.OpHardtanh:
+		return Act{Kind: ActHardtanh, Param: a.ActParam, Param2: a.ActParam2}
+	case graph.OpSigmoid:
+		return Act{Kind: ActSigmoid}
+	case graph.OpSiLU:
+		return Act{Kind: ActSiLU}
+	case graph.OpHardsigmoid:
+		return Act{Kind: ActHardsigmoid, Param: a.ActParam, Param2: a.ActParam2}
+	case graph.OpHardswish:
+		return Act{Kind: ActHardswish}
+	case graph.OpGELU:
+		return Act{Kind: ActGELU}
 	case graph.OpABN, graph.OpInPlaceABN, graph.OpInPlaceABNSync:
 		switch a.Activation {
 		case graph.ActReLU:

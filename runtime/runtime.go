@@ -599,9 +599,17 @@ func (e *Executor) forward(r *run, i int, nd *graph.Node, x *HostTensor, recompu
 		return b.Linear(y, e.in(r, nd, 0), w, e.param(nd, graph.RoleBias))
 	case graph.OpBatchNorm, graph.OpABN, graph.OpInPlaceABN, graph.OpInPlaceABNSync:
 		return e.normalize(r, i, nd, y, e.in(r, nd, 0), !recompute)
-	case graph.OpReLU, graph.OpLeakyReLU, graph.OpELU:
+	case graph.OpReLU, graph.OpLeakyReLU, graph.OpELU, graph.OpHardtanh, graph.OpSigmoid, graph.OpSiLU,
+		graph.OpHardsigmoid, graph.OpHardswish, graph.OpGELU:
 		return b.Activation(y, e.in(r, nd, 0), actOf(nd))
-	case graph.OpAdd:
+	case graph.OpAdd, graph.OpMul, graph.OpSub, graph.OpDiv:
+		if op, ok := binaryOf(nd, r.p, e.index); ok {
+			bb, err := e.broadcasting()
+			if err != nil {
+				return err
+			}
+			return bb.Binary(y, e.in(r, nd, 0), e.in(r, nd, 1), op)
+		}
 		return b.Sum(y, e.inputs(r, nd)...)
 	case graph.OpConcat:
 		return b.Concat(y, e.inputs(r, nd)...)
@@ -629,6 +637,34 @@ func (e *Executor) forward(r *run, i int, nd *graph.Node, x *HostTensor, recompu
 	}
 	// inferShapes accepted the op, so this is a bug, not the network's.
 	return failure.Internalf("op %s planned but not executed by the forward pass", nd.Op)
+}
+
+// broadcasting is the backend's Broadcasting, or an error naming it.
+func (e *Executor) broadcasting() (Broadcasting, error) {
+	bb, ok := e.b.(Broadcasting)
+	if !ok {
+		return nil, fmt.Errorf("backend %s has no broadcasting elementwise ops (Mul, Sub, Div, Add of different shapes)", e.b.Name())
+	}
+	return bb, nil
+}
+
+// binaryOf says whether nd runs as a broadcasting binary op, and which:
+// Mul, Sub and Div always, Add when its two inputs differ in shape (the
+// same-shape Add of residual blocks stays a Sum).
+func binaryOf(nd *graph.Node, p *plan, index map[*graph.Node]int) (BinaryOp, bool) {
+	switch nd.Op {
+	case graph.OpMul:
+		return BinaryMul, true
+	case graph.OpSub:
+		return BinarySub, true
+	case graph.OpDiv:
+		return BinaryDiv, true
+	case graph.OpAdd:
+		if len(nd.Inputs) == 2 && !sameInts(p.shapes[index[nd.Inputs[0].Producer]], p.shapes[index[nd.Inputs[1].Producer]]) {
+			return BinaryAdd, true
+		}
+	}
+	return 0, false
 }
 
 func (e *Executor) inputs(r *run, nd *graph.Node) []Tensor {

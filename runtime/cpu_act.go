@@ -1,0 +1,86 @@
+package runtime
+
+import "math"
+
+// activateSmooth applies the activations InPlace-ABN cannot invert, with
+// PyTorch 1.13's formulas (computed in float64, rounded once).
+func activateSmooth(d, s []float32, act Act) {
+	lo, hi := act.Param, act.Param2
+	for k, v := range s {
+		x := float64(v)
+		var y float64
+		switch act.Kind {
+		case ActHardtanh:
+			// min(max(x, lo), hi), NaN kept as PyTorch's clamp does.
+			y = x
+			if x < lo {
+				y = lo
+			} else if x > hi {
+				y = hi
+			}
+		case ActSigmoid:
+			y = sigmoid(x)
+		case ActSiLU:
+			y = x * sigmoid(x)
+		case ActHardsigmoid:
+			y = min(max(act.Param*x+act.Param2, 0), 1)
+			if x != x {
+				y = x
+			}
+		case ActHardswish:
+			y = x * min(max(x+3, 0), 6) / 6
+		case ActGELU:
+			y = 0.5 * x * (1 + math.Erf(x/math.Sqrt2))
+		}
+		d[k] = float32(y)
+	}
+}
+
+// activateSmoothBackward writes d = g * act'(x); s is the input x, or for
+// Sigmoid its output (PyTorch keeps the output of sigmoid and the input of
+// the others). The branch conventions at the kinks are PyTorch's.
+func activateSmoothBackward(d, g, s []float32, act Act) {
+	for k, v := range s {
+		x, dy := float64(v), float64(g[k])
+		var dx float64
+		switch act.Kind {
+		case ActHardtanh:
+			// hardtanh_backward: the gradient passes strictly inside.
+			if x > act.Param && x < act.Param2 {
+				dx = dy
+			}
+		case ActSigmoid:
+			dx = dy * x * (1 - x)
+		case ActSiLU:
+			sg := sigmoid(x)
+			dx = dy * sg * (1 + x*(1-sg))
+		case ActHardsigmoid:
+			// hardsigmoid_backward passes alpha strictly inside (torch:
+			// -3 < x < 3 for its alpha 1/6, beta 1/2).
+			if t := act.Param*x + act.Param2; t > 0 && t < 1 {
+				dx = dy * act.Param
+			}
+		case ActHardswish:
+			switch {
+			case x < -3:
+			case x <= 3:
+				dx = dy * (x/3 + 0.5)
+			default:
+				dx = dy
+			}
+		case ActGELU:
+			cdf := 0.5 * (1 + math.Erf(x/math.Sqrt2))
+			pdf := math.Exp(-0.5*x*x) / math.Sqrt(2*math.Pi)
+			dx = dy * (cdf + x*pdf)
+		}
+		d[k] = float32(dx)
+	}
+}
+
+func sigmoid(x float64) float64 {
+	if x >= 0 {
+		return 1 / (1 + math.Exp(-x))
+	}
+	e := math.Exp(x)
+	return e / (1 + e)
+}
