@@ -23,6 +23,9 @@ type opCase struct {
 	Params   map[string]tensorJSON `json:"params"`
 	Grads    map[string][]float64  `json:"grads"`
 	Running  map[string][]float64  `json:"running"`
+	// SavedElems is what PyTorch's saved-tensor hooks saw the case keep
+	// for backward, in elements (newer cases only).
+	SavedElems *int64 `json:"saved_elems"`
 }
 
 type opGolden struct {
@@ -102,6 +105,9 @@ func TestOpsAgainstTorch(t *testing.T) {
 			g, w := buildCase(c)
 			cpuMem := runCase(t, c, g, w, NewCPU(2), gold.Seed)
 			shapeMem := runCase(t, c, g, w, NewShapes(), gold.Seed)
+			if c.SavedElems != nil && shapeMem.SavedBytes != 4**c.SavedElems {
+				t.Errorf("saved for backward: %d bytes, PyTorch keeps %d elements (%d bytes)", shapeMem.SavedBytes, *c.SavedElems, 4**c.SavedElems)
+			}
 			cpuMem.Backend, shapeMem.Backend = "", ""
 			if !reflect.DeepEqual(cpuMem, shapeMem) {
 				t.Errorf("memory differs between backends:\ncpu    %+v\nshapes %+v", cpuMem, shapeMem)
