@@ -304,3 +304,37 @@ func tvDenseNet121(recompute bool) func() *builder {
 		return b
 	}
 }
+
+// activations: the activations InPlace-ABN cannot invert, as MobileNet,
+// EfficientNet and RegNetY use them, and a squeeze-and-excitation gate:
+// BN + ReLU6, InPlace-ABN(identity) + SiLU out of place, SE (pool, 1x1
+// convs, ReLU, sigmoid, broadcasting Mul), BN + Hardswish, BN + GELU,
+// Hardsigmoid in torch's and in ONNX's default form, a Hardtanh, and
+// broadcasting Sub, Div and Add.
+func activations() *builder {
+	b := newBuilder("activations", 3)
+	x := b.conv("c1", b.g.Input, 8, 3, 1, 1, 1, false)
+	x = b.norm(graph.OpBatchNorm, "b1", x, "", 0)
+	x = b.op("a1", graph.OpHardtanh, graph.Attr{ActParam: 0, ActParam2: 6}, 8, x)
+	x = b.conv("c2", x, 8, 3, 1, 1, 1, false)
+	x = b.norm(graph.OpInPlaceABN, "b2", x, graph.ActIdentity, 0)
+	x = b.op("a2", graph.OpSiLU, graph.Attr{}, 8, x)
+	s := b.op("se.pool", graph.OpAdaptiveAvgPool, graph.Attr{OutputSize: [2]int{1, 1}}, 8, x)
+	s = b.conv("se.fc1", s, 4, 1, 1, 0, 1, true)
+	s = b.op("se.relu", graph.OpReLU, graph.Attr{}, 4, s)
+	s = b.conv("se.fc2", s, 8, 1, 1, 0, 1, true)
+	gate := b.op("se.gate", graph.OpSigmoid, graph.Attr{}, 8, s)
+	x = b.op("se.mul", graph.OpMul, graph.Attr{}, 8, x, gate)
+	x = b.conv("c3", x, 8, 3, 1, 1, 1, false)
+	x = b.norm(graph.OpBatchNorm, "b3", x, "", 0)
+	x = b.op("a3", graph.OpHardswish, graph.Attr{}, 8, x)
+	x = b.conv("c4", x, 8, 1, 1, 0, 1, false)
+	x = b.norm(graph.OpBatchNorm, "b4", x, "", 0)
+	x = b.op("a4", graph.OpGELU, graph.Attr{}, 8, x)
+	h := b.op("a5", graph.OpHardsigmoid, graph.Attr{ActParam: 1.0 / 6, ActParam2: 0.5}, 8, x)
+	h2 := b.op("a6", graph.OpHardsigmoid, graph.Attr{ActParam: 0.2, ActParam2: 0.5}, 8, x)
+	x = b.op("sub", graph.OpSub, graph.Attr{}, 8, h, gate)
+	x = b.op("div", graph.OpDiv, graph.Attr{}, 8, x, b.op("a7", graph.OpHardtanh, graph.Attr{ActParam: 0.5, ActParam2: 2}, 8, gate))
+	b.op("add", graph.OpAdd, graph.Attr{}, 8, x, h2)
+	return b
+}

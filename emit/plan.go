@@ -2,6 +2,7 @@ package emit
 
 import (
 	"fmt"
+	"math"
 	"sort"
 	"strings"
 	"unicode/utf8"
@@ -341,7 +342,16 @@ func checkActivation(n *graph.Node) error {
 func checkParamless(n *graph.Node) error {
 	a := n.Attr
 	switch n.Op {
-	case graph.OpReLU, graph.OpLeakyReLU, graph.OpELU, graph.OpAdd, graph.OpConcat, graph.OpFlatten:
+	case graph.OpReLU, graph.OpLeakyReLU, graph.OpELU, graph.OpAdd, graph.OpConcat, graph.OpFlatten,
+		graph.OpSigmoid, graph.OpSiLU, graph.OpHardswish, graph.OpGELU, graph.OpMul, graph.OpSub, graph.OpDiv:
+	case graph.OpHardtanh:
+		if !(a.ActParam <= a.ActParam2) {
+			return fmt.Errorf("bounds [%g, %g] are empty", a.ActParam, a.ActParam2)
+		}
+	case graph.OpHardsigmoid:
+		if math.IsNaN(a.ActParam) || math.IsNaN(a.ActParam2) || math.IsInf(a.ActParam, 0) || math.IsInf(a.ActParam2, 0) {
+			return fmt.Errorf("alpha %g, beta %g: not finite", a.ActParam, a.ActParam2)
+		}
 	case graph.OpMaxPool, graph.OpAvgPool:
 		if a.KernelSize[0] <= 0 || a.KernelSize[1] <= 0 || a.Padding[0] < 0 || a.Padding[1] < 0 ||
 			a.Stride[0] < 0 || a.Stride[1] < 0 || a.Dilation[0] < 0 || a.Dilation[1] < 0 {

@@ -296,6 +296,33 @@ func (p *program) nodeLine(n *graph.Node) (string, error) {
 		expr = fmt.Sprintf("F.leaky_relu(%s, %s)", in(0), pyFloat(a.ActParam))
 	case graph.OpELU:
 		expr = fmt.Sprintf("F.elu(%s, %s)", in(0), pyFloat(a.ActParam))
+	case graph.OpHardtanh:
+		if a.ActParam == 0 && a.ActParam2 == 6 {
+			expr = fmt.Sprintf("F.relu6(%s)", in(0))
+		} else {
+			expr = fmt.Sprintf("F.hardtanh(%s, %s, %s)", in(0), pyFloat(a.ActParam), pyFloat(a.ActParam2))
+		}
+	case graph.OpSigmoid:
+		expr = fmt.Sprintf("torch.sigmoid(%s)", in(0))
+	case graph.OpSiLU:
+		expr = fmt.Sprintf("F.silu(%s)", in(0))
+	case graph.OpHardsigmoid:
+		if a.ActParam == 1.0/6 && a.ActParam2 == 0.5 {
+			expr = fmt.Sprintf("F.hardsigmoid(%s)", in(0))
+		} else {
+			// ONNX's HardSigmoid with other alpha and beta.
+			expr = fmt.Sprintf("torch.clamp(%s * %s + %s, 0.0, 1.0)", in(0), pyFloat(a.ActParam), pyFloat(a.ActParam2))
+		}
+	case graph.OpHardswish:
+		expr = fmt.Sprintf("F.hardswish(%s)", in(0))
+	case graph.OpGELU:
+		expr = fmt.Sprintf("F.gelu(%s)", in(0))
+	case graph.OpMul:
+		expr = fmt.Sprintf("%s * %s", in(0), in(1))
+	case graph.OpSub:
+		expr = fmt.Sprintf("%s - %s", in(0), in(1))
+	case graph.OpDiv:
+		expr = fmt.Sprintf("%s / %s", in(0), in(1))
 	case graph.OpAdd:
 		expr = strings.Join(p.operands(n), " + ")
 	case graph.OpConcat:

@@ -38,6 +38,7 @@ var cases = []struct {
 	{name: "densenet_inline", build: denseNet, opt: Options{NoRecompute: true}, ref: "densenet"},
 	{name: "abn_linear", build: abnLinear, ref: "abn_linear"},
 	{name: "odd_names", build: oddNames},
+	{name: "activations", build: activations, ref: "activations"},
 	{name: "tv_resnet18", build: tvResNet18, torchvision: "resnet18", inputSize: 64},
 	{name: "tv_densenet121", build: tvDenseNet121(true), torchvision: "densenet121", inputSize: 32,
 		norms: []string{"features.denseblock1.denselayer1.norm1", "features.denseblock3.denselayer24.norm1"}},

@@ -61,6 +61,7 @@ func (m *Model) build() error {
 	}
 	b.keys()
 	b.channels()
+	b.fuse()
 	m.Graph = b.g
 	m.Weights = b.w
 	m.params = b.params

@@ -70,6 +70,9 @@ func (w *writer) removed(info *nodeInfo) error {
 	}
 	if owner == nil || !w.opt.StandardOps {
 		w.drop[info.index] = true
+		for _, a := range info.absorbed {
+			w.drop[a.index] = true
+		}
 		return nil
 	}
 	node, err := w.activation(owner, info, w.m.byIR[owner].proto.Output[0], info.proto.Output[0])
@@ -134,7 +137,9 @@ func (w *writer) wired(info *nodeInfo, out string) (*pb.NodeProto, error) {
 	for i, k := range info.data {
 		name := w.name[n.Inputs[i]]
 		if k < 0 {
-			if want := info.implicit[implicit]; name != want {
+			if want := info.implicit[implicit]; name != want && len(info.absorbed) > 0 {
+				return nil, fmt.Errorf("%w: node %s: it stands for %d ONNX nodes that read %q, which the rewrite renamed to %q", ErrUnsupported, n.Name, len(info.absorbed)+1, want, name)
+			} else if name != want {
 				return nil, fmt.Errorf("%w: node %s: its subgraph reads %q by name, which the rewrite renamed to %q", ErrUnsupported, n.Name, want, name)
 			}
 			implicit++

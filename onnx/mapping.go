@@ -2,6 +2,7 @@ package onnx
 
 import (
 	"fmt"
+	"math"
 
 	"github.com/abnconvert/abnconvert/graph"
 	"github.com/abnconvert/abnconvert/onnx/internal/pb"
@@ -87,6 +88,24 @@ func (b *builder) modelled(info *nodeInfo) (graph.Op, graph.Attr, string) {
 		return unary(graph.OpELU, graph.Attr{ActParam: decimal32(a.float("alpha", 1))}, "alpha")
 	case "GlobalAveragePool":
 		return unary(graph.OpAdaptiveAvgPool, graph.Attr{OutputSize: [2]int{1, 1}})
+	case "Sigmoid":
+		return unary(graph.OpSigmoid, graph.Attr{})
+	case "HardSigmoid":
+		return unary(graph.OpHardsigmoid, graph.Attr{ActParam: hardSigmoidAlpha(a.float("alpha", 0.2)), ActParam2: decimal32(a.float("beta", 0.5))}, "alpha", "beta")
+	case "HardSwish":
+		return unary(graph.OpHardswish, graph.Attr{})
+	case "Clip":
+		return b.clip(info, a, data)
+	case "ReduceMean":
+		return b.reduceMean(info, a, data)
+	case "Mul", "Sub", "Div":
+		if !a.only() || len(n.Input) != 2 || !b.unusedFrom(n, 1) {
+			return "", graph.Attr{}, "not a two-input " + n.GetOpType()
+		}
+		if why := data(0, 1); why != "" {
+			return "", graph.Attr{}, "an operand is a constant"
+		}
+		return map[string]graph.Op{"Mul": graph.OpMul, "Sub": graph.OpSub, "Div": graph.OpDiv}[n.GetOpType()], graph.Attr{}, ""
 	case "Flatten":
 		if a.int("axis", 1) != 1 {
 			return "", graph.Attr{}, "Flatten with axis other than 1 also collapses the batch dimension"
@@ -126,6 +145,98 @@ func (b *builder) modelled(info *nodeInfo) (graph.Op, graph.Attr, string) {
 		return "", graph.Attr{}, "the IR has no MatMul (torch exports nn.Linear on 2-D inputs as Gemm)"
 	}
 	return "", graph.Attr{}, "not modelled by the IR"
+}
+
+// hardSigmoidAlpha is HardSigmoid's alpha, exactly 1/6 when it is the
+// float32 nearest 1/6: torch exports its Hardsigmoid (and the gate of its
+// Hardswish) so.
+func hardSigmoidAlpha(f float32) float64 {
+	if f == float32(1.0/6) {
+		return 1.0 / 6
+	}
+	return decimal32(f)
+}
+
+// clip models Clip with both bounds constant and finite as Hardtanh
+// (ReLU6 is Clip(0, 6)): attributes before opset 11, inputs since.
+func (b *builder) clip(info *nodeInfo, a attrs, data dataFn) (graph.Op, graph.Attr, string) {
+	n := info.proto
+	if !a.only("min", "max") || len(n.Input) < 1 || len(n.Input) > 3 || !b.unusedFrom(n, 1) {
+		return "", graph.Attr{}, "attributes not modelled"
+	}
+	bound := func(k int, attr string) (float64, string) {
+		if _, ok := a[attr]; ok {
+			return decimal32(a.float(attr, 0)), ""
+		}
+		if k >= len(n.Input) || n.Input[k] == "" {
+			return 0, "a Clip without both bounds"
+		}
+		p, ok := b.param(n, k)
+		if !ok {
+			return 0, "a bound is computed"
+		}
+		v, err := p.td.values()
+		if err != nil || len(v) != 1 {
+			return 0, "a bound is not a scalar"
+		}
+		if math.IsNaN(v[0]) || math.IsInf(v[0], 0) {
+			return 0, "a bound is not finite"
+		}
+		return decimal32(float32(v[0])), ""
+	}
+	lo, why := bound(1, "min")
+	if why != "" {
+		return "", graph.Attr{}, why
+	}
+	hi, why := bound(2, "max")
+	if why != "" {
+		return "", graph.Attr{}, why
+	}
+	if !(lo <= hi) {
+		return "", graph.Attr{}, fmt.Sprintf("bounds [%g, %g] are empty", lo, hi)
+	}
+	if why := data(0); why != "" {
+		return "", graph.Attr{}, why
+	}
+	return graph.OpHardtanh, graph.Attr{ActParam: lo, ActParam2: hi}, ""
+}
+
+// reduceMean models the mean over H and W with kept dimensions (a
+// squeeze-and-excitation squeeze written x.mean((2, 3), keepdim=True)) as
+// a 1x1 adaptive average pool: the same values and, in PyTorch, the same
+// tensor kept for backward (its input). The runtime checks the input is
+// 4-D, which makes axes -2, -1 the same as 2, 3.
+func (b *builder) reduceMean(info *nodeInfo, a attrs, data dataFn) (graph.Op, graph.Attr, string) {
+	n := info.proto
+	if !a.only("axes", "keepdims", "noop_with_empty_axes") || !b.unusedFrom(n, 1) {
+		return "", graph.Attr{}, "attributes not modelled"
+	}
+	if a.int("keepdims", 1) != 1 {
+		return "", graph.Attr{}, "keepdims 0 (only the squeeze of squeeze-and-excitation, keepdims 1, is modelled)"
+	}
+	axes := a.ints("axes")
+	if len(n.Input) == 2 && n.Input[1] != "" {
+		p, ok := b.param(n, 1)
+		if !ok || axes != nil {
+			return "", graph.Attr{}, "the axes are computed"
+		}
+		v, err := p.td.values()
+		if err != nil {
+			return "", graph.Attr{}, "the axes cannot be read"
+		}
+		for _, x := range v {
+			axes = append(axes, int64(x))
+		}
+	} else if len(n.Input) != 1 {
+		return "", graph.Attr{}, fmt.Sprintf("%d inputs", len(n.Input))
+	}
+	if len(axes) != 2 || !((axes[0] == 2 && axes[1] == 3) || (axes[0] == -2 && axes[1] == -1)) {
+		return "", graph.Attr{}, fmt.Sprintf("a mean over axes %v (only over H and W is modelled)", axes)
+	}
+	if why := data(0); why != "" {
+		return "", graph.Attr{}, why
+	}
+	return graph.OpAdaptiveAvgPool, graph.Attr{OutputSize: [2]int{1, 1}}, ""
 }
 
 // pads2 turns ONNX's [top, left, bottom, right] into PyTorch's symmetric

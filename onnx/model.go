@@ -97,6 +97,9 @@ const (
 	kindOpaque
 	kindParam // a parameter source: Constant, or Identity of a parameter
 	kindConst // a constant this package cannot decode (e.g. a string)
+	// kindFused is an inner node of an activation torch exports as several
+	// nodes (see fuse): the pattern's last node stands for it in the IR.
+	kindFused
 )
 
 // nodeInfo ties one ONNX node to the IR.
@@ -118,6 +121,8 @@ type nodeInfo struct {
 	params map[string]int
 	// why says, for an opaque node, why it is not modelled.
 	why string
+	// absorbed are the inner nodes of a fused pattern this node ends.
+	absorbed []*nodeInfo
 }
 
 type specialKind int

@@ -98,6 +98,25 @@ func TestOpMapping(t *testing.T) {
 			b.output("mask")
 			return b
 		}(), "onnx.Dropout", graph.Attr{}},
+		{"sigmoid", one("Sigmoid", nil), graph.OpSigmoid, graph.Attr{}},
+		{"hardsigmoid default", one("HardSigmoid", nil), graph.OpHardsigmoid, graph.Attr{ActParam: 0.2, ActParam2: 0.5}},
+		{"hardsigmoid torch", one("HardSigmoid", nil, aFloat("alpha", 1.0/6)), graph.OpHardsigmoid, graph.Attr{ActParam: 1.0 / 6, ActParam2: 0.5}},
+		{"hardswish", one("HardSwish", nil), graph.OpHardswish, graph.Attr{}},
+		{"clip inputs (relu6)", withInit(withInit(one("Clip", []string{"lo", "hi"}), "lo", nil, 0), "hi", nil, 6), graph.OpHardtanh, graph.Attr{ActParam: 0, ActParam2: 6}},
+		{"clip attributes", one("Clip", nil, aFloat("min", -0.5), aFloat("max", 0.25)), graph.OpHardtanh, graph.Attr{ActParam: -0.5, ActParam2: 0.25}},
+		{"clip without max", withInit(one("Clip", []string{"lo"}), "lo", nil, 0), "onnx.Clip", graph.Attr{}},
+		{"clip computed bound", one("Clip", []string{"x", "x"}), "onnx.Clip", graph.Attr{}},
+		{"clip empty", withInit(withInit(one("Clip", []string{"lo", "hi"}), "lo", nil, 1), "hi", nil, 0), "onnx.Clip", graph.Attr{}},
+		{"mul two values", one("Mul", []string{"x"}), graph.OpMul, graph.Attr{}},
+		{"mul a constant", withInit(one("Mul", []string{"k"}), "k", []int64{1}, 2), "onnx.Mul", graph.Attr{}},
+		{"sub two values", one("Sub", []string{"x"}), graph.OpSub, graph.Attr{}},
+		{"div two values", one("Div", []string{"x"}), graph.OpDiv, graph.Attr{}},
+		{"reduce mean H W", one("ReduceMean", nil, aInts("axes", 2, 3)), graph.OpAdaptiveAvgPool, graph.Attr{OutputSize: [2]int{1, 1}}},
+		{"reduce mean -2 -1 keepdims", one("ReduceMean", nil, aInts("axes", -2, -1), aInt("keepdims", 1)), graph.OpAdaptiveAvgPool, graph.Attr{OutputSize: [2]int{1, 1}}},
+		{"reduce mean axes input", withInt64(one("ReduceMean", []string{"ax"}), "ax", 2, 3), graph.OpAdaptiveAvgPool, graph.Attr{OutputSize: [2]int{1, 1}}},
+		{"reduce mean no keepdims", one("ReduceMean", nil, aInts("axes", 2, 3), aInt("keepdims", 0)), "onnx.ReduceMean", graph.Attr{}},
+		{"reduce mean channels", one("ReduceMean", nil, aInts("axes", 1)), "onnx.ReduceMean", graph.Attr{}},
+		{"reduce mean all", one("ReduceMean", nil), "onnx.ReduceMean", graph.Attr{}},
 		{"identity of a value", one("Identity", nil), "onnx.Identity", graph.Attr{}},
 		{"custom domain", func() *mb {
 			b := one("Relu", nil)

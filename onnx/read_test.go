@@ -37,7 +37,7 @@ func TestFixtureIR(t *testing.T) {
 	}{
 		{"tiny_cnn", map[graph.Op]int{graph.OpConv: 5, graph.OpBatchNorm: 6, graph.OpReLU: 2, graph.OpLeakyReLU: 2, graph.OpELU: 1,
 			graph.OpAdd: 1, graph.OpMaxPool: 1, graph.OpAvgPool: 1, graph.OpAdaptiveAvgPool: 1, graph.OpFlatten: 1, graph.OpLinear: 1,
-			"onnx.Sigmoid": 1, "onnx.Mul": 1}, "Mul x1 (not modelled by the IR); Sigmoid x1 (not modelled by the IR)"},
+			graph.OpSigmoid: 1, graph.OpMul: 1}, ""},
 		{"tiny_cnn_train", map[graph.Op]int{graph.OpBatchNorm: 6, graph.OpDropout: 1}, ""},
 		{"tiny_cnn_fresh", map[graph.Op]int{graph.OpBatchNorm: 6}, ""},
 		{"tiny_dense", map[graph.Op]int{graph.OpConv: 10, graph.OpBatchNorm: 11, graph.OpReLU: 11, graph.OpConcat: 6,

@@ -228,7 +228,24 @@ def ref_abn_linear(sd, x, training, signs):
     return F.linear(x, sd["head.fc.weight"], sd["head.fc.bias"])
 
 
+def ref_activations(sd, x, training, signs):
+    conv, norm = make_ops(sd, training, signs)
+    x = norm(conv(x, "c1"), "b1", F.relu6, inplace_abn=False)
+    x = norm(conv(x, "c2"), "b2", ident)
+    x = F.silu(x)
+    s = F.adaptive_avg_pool2d(x, 1)
+    s = F.relu(F.conv2d(s, sd["se.fc1.weight"], sd["se.fc1.bias"]))
+    gate = torch.sigmoid(F.conv2d(s, sd["se.fc2.weight"], sd["se.fc2.bias"]))
+    x = x * gate
+    x = norm(conv(x, "c3"), "b3", F.hardswish, inplace_abn=False)
+    x = norm(F.conv2d(x, sd["c4.weight"]), "b4", F.gelu, inplace_abn=False)
+    h = F.hardsigmoid(x)
+    h2 = torch.clamp(0.2 * x + 0.5, 0, 1)
+    return (h - gate) / F.hardtanh(gate, 0.5, 2.0) + h2
+
+
 REFERENCES = {
+    "activations": ref_activations,
     "conv_bn_act": ref_conv_bn_act,
     "residual": ref_residual,
     "densenet": ref_densenet,
