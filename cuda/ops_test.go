@@ -300,3 +300,27 @@ func TestOpErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestActivationsWithoutKernel: the activations the kernels do not compute
+// (the kernels' switch would pass them through as identity) are refused
+// before any launch, forward and backward.
+func TestActivationsWithoutKernel(t *testing.T) {
+	for _, k := range []runtime.ActKind{runtime.ActHardtanh, runtime.ActSigmoid, runtime.ActSiLU,
+		runtime.ActHardsigmoid, runtime.ActHardswish, runtime.ActGELU} {
+		act := runtime.Act{Kind: k, Param: 0, Param2: 6}
+		t.Run(act.String(), func(t *testing.T) {
+			b, dev := newFakeBackend(t)
+			m := newMk(t, b)
+			dev.reset()
+			if err := m.b.Activation(m.f(8), m.f(8), act); err == nil {
+				t.Error("forward accepted")
+			}
+			if err := m.b.ActivationBackward(m.f(8), m.f(8), m.f(8), act, false); err == nil {
+				t.Error("backward accepted")
+			}
+			if n := len(dev.names()); n > 0 {
+				t.Errorf("launched %v", dev.names())
+			}
+		})
+	}
+}
