@@ -73,6 +73,15 @@ func fusableActivation(g *graph.Graph, bn *graph.Node) (*graph.Node, string) {
 			return nil, fmt.Sprintf("%s reads its output twice", r.Name)
 		}
 		return r, ""
+	case graph.OpSigmoid:
+		// Not invertible, and it keeps its own output: the in-place BN
+		// saves nothing here, and costs nothing.
+		return nil, fmt.Sprintf("followed by %s %s, which InPlace-ABN cannot invert: the BN takes the identity activation and %s stays after it, out of place (exact; %s keeps its own output, so the site keeps as many tensors as before)", r.Op, r.Name, r.Op, r.Op)
+	}
+	if r.Op.IsActivation() {
+		// Not invertible, and it keeps its input (as PyTorch's autograd
+		// does): in place, the BN keeps that same tensor, one fewer.
+		return nil, fmt.Sprintf("followed by %s %s, which InPlace-ABN cannot invert: the BN takes the identity activation and %s stays after it, out of place, keeping the tensor an in-place BN keeps (exact; one tensor fewer kept for backward)", r.Op, r.Name, r.Op)
 	}
 	return nil, fmt.Sprintf("followed by %s %s, not an activation", r.Op, r.Name)
 }

@@ -102,6 +102,13 @@ func TestMatchBNAct(t *testing.T) {
 			b.op("add", graph.OpAdd, graph.Attr{}, b.relu("a", y), y)
 		}, graph.ActIdentity, 0, "read by 2 nodes (a, add)"},
 		{"network output", func(b *net, x *graph.Value) { b.bn("bn", x, 1, 1) }, graph.ActIdentity, 0, "network output"},
+		{"silu", func(b *net, x *graph.Value) { b.act("a", graph.OpSiLU, 0, b.bn("bn", x, 1, 1)) }, graph.ActIdentity, 0,
+			"followed by SiLU a, which InPlace-ABN cannot invert: the BN takes the identity activation and SiLU stays after it, out of place, keeping the tensor an in-place BN keeps (exact; one tensor fewer"},
+		{"relu6", func(b *net, x *graph.Value) {
+			b.op("a", graph.OpHardtanh, graph.Attr{ActParam: 0, ActParam2: 6}, b.bn("bn", x, 1, 1))
+		}, graph.ActIdentity, 0, "followed by Hardtanh a, which InPlace-ABN cannot invert"},
+		{"sigmoid", func(b *net, x *graph.Value) { b.act("a", graph.OpSigmoid, 0, b.bn("bn", x, 1, 1)) }, graph.ActIdentity, 0,
+			"Sigmoid keeps its own output, so the site keeps as many tensors as before"},
 		{"relu reads it twice", func(b *net, x *graph.Value) {
 			y := b.bn("bn", x, 1, 1)
 			b.op("add", graph.OpAdd, graph.Attr{}, y, y)
@@ -199,6 +206,17 @@ func TestCheckInPlace(t *testing.T) {
 		}, ""},
 		{"maxpool", func(b *net) *graph.Value { return b.maxpool("p", b.conv("c", b.g.Input, 2, 1, 1, false)) }, ""},
 		{"avgpool", func(b *net) *graph.Value { return b.avgpool("p", b.conv("c", b.g.Input, 2, 1, 1, false)) }, ""},
+		{"silu keeps its input", func(b *net) *graph.Value {
+			return b.act("p", graph.OpSiLU, 0, b.conv("c", b.g.Input, 2, 1, 1, false))
+		}, ""},
+		{"se gate", func(b *net) *graph.Value {
+			c := b.conv("c", b.g.Input, 2, 1, 1, false)
+			gate := b.act("g", graph.OpSigmoid, 0, b.op("pool", graph.OpAdaptiveAvgPool, graph.Attr{OutputSize: [2]int{1, 1}}, c))
+			return b.op("p", graph.OpMul, graph.Attr{}, c, gate)
+		}, ""},
+		{"sigmoid keeps its output", func(b *net) *graph.Value {
+			return b.act("p", graph.OpSigmoid, 0, b.conv("c", b.g.Input, 2, 1, 1, false))
+		}, "Sigmoid p"},
 		{"network input", func(b *net) *graph.Value { return b.g.Input }, "network input"},
 		{"relu keeps its output", func(b *net) *graph.Value { return b.relu("p", b.conv("c", b.g.Input, 2, 1, 1, false)) }, "ReLU p"},
 		{"another bn", func(b *net) *graph.Value { return b.bn("p", b.conv("c", b.g.Input, 2, 1, 1, false), 1, 1) }, "BatchNorm2d p"},

@@ -57,11 +57,15 @@ func notInvertible(act string, param float64) string {
 
 // producers whose output may be overwritten: none of them keeps its own
 // output for its backward pass (convolution and linear keep their input,
-// max-pool its indices, the others nothing), and each returns a fresh
-// tensor rather than a view of another.
+// max-pool its indices, the activations InPlace-ABN cannot invert and the
+// binary ops their inputs, the others nothing), and each returns a fresh
+// tensor rather than a view of another. Sigmoid is not among them: it
+// keeps its output.
 var overwritable = map[graph.Op]bool{
 	graph.OpConv: true, graph.OpLinear: true, graph.OpConcat: true, graph.OpAdd: true,
 	graph.OpMaxPool: true, graph.OpAvgPool: true, graph.OpAdaptiveAvgPool: true,
+	graph.OpHardtanh: true, graph.OpSiLU: true, graph.OpHardsigmoid: true, graph.OpHardswish: true,
+	graph.OpGELU: true, graph.OpMul: true, graph.OpSub: true, graph.OpDiv: true,
 }
 
 // inPlaceBlocker is the in-place precondition: InPlace-ABN overwrites its
