@@ -119,33 +119,50 @@ func (c *cpu) BinaryBackward(da, db, dy, a, b Tensor, op BinaryOp) error {
 	if needOperands && (!sameInts(a.Shape(), da.Shape()) || !sameInts(b.Shape(), db.Shape())) {
 		return fmt.Errorf("cpu: %s backward: operands %v, %v for gradients %v, %v", op, a.Shape(), b.Shape(), da.Shape(), db.Shape())
 	}
-	// Sums over broadcast dimensions in float64, as the BN statistics.
-	ga, gb := make([]float64, len(f[0])), make([]float64, len(f[1]))
+	// A gradient whose operand was broadcast is a sum over the broadcast
+	// dimensions, accumulated in float64 as the BN statistics are; one of
+	// the result's shape is written as it is computed.
 	g, x, y := f[2], f[3], f[4]
+	n := len(g)
+	var sa, sb []float64
+	if len(f[0]) != n {
+		sa = make([]float64, len(f[0]))
+	}
+	if len(f[1]) != n {
+		sb = make([]float64, len(f[1]))
+	}
+	put := func(acc []float64, dst []float32, i int, v float64) {
+		if acc != nil {
+			acc[i] += v
+		} else {
+			dst[i] = float32(v)
+		}
+	}
+	da32, db32 := f[0], f[1]
 	switch op {
 	case BinaryAdd:
-		bc.each(func(o, i, j int) { ga[i] += float64(g[o]); gb[j] += float64(g[o]) })
+		bc.each(func(o, i, j int) { put(sa, da32, i, float64(g[o])); put(sb, db32, j, float64(g[o])) })
 	case BinarySub:
-		bc.each(func(o, i, j int) { ga[i] += float64(g[o]); gb[j] -= float64(g[o]) })
+		bc.each(func(o, i, j int) { put(sa, da32, i, float64(g[o])); put(sb, db32, j, -float64(g[o])) })
 	case BinaryMul:
 		bc.each(func(o, i, j int) {
-			ga[i] += float64(g[o]) * float64(y[j])
-			gb[j] += float64(g[o]) * float64(x[i])
+			put(sa, da32, i, float64(g[o])*float64(y[j]))
+			put(sb, db32, j, float64(g[o])*float64(x[i]))
 		})
 	case BinaryDiv:
 		bc.each(func(o, i, j int) {
 			q := float64(g[o]) / float64(y[j])
-			ga[i] += q
-			gb[j] -= q * float64(x[i]) / float64(y[j])
+			put(sa, da32, i, q)
+			put(sb, db32, j, -q*float64(x[i])/float64(y[j]))
 		})
 	default:
 		return fmt.Errorf("cpu: binary op %d", op)
 	}
-	for k, v := range ga {
-		f[0][k] = float32(v)
+	for k, v := range sa {
+		da32[k] = float32(v)
 	}
-	for k, v := range gb {
-		f[1][k] = float32(v)
+	for k, v := range sb {
+		db32[k] = float32(v)
 	}
 	return nil
 }
