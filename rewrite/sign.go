@@ -43,6 +43,9 @@ func channels(v *graph.Value) int {
 		case graph.OpReLU, graph.OpLeakyReLU, graph.OpELU, graph.OpMaxPool, graph.OpAvgPool,
 			graph.OpAdaptiveAvgPool, graph.OpDropout, graph.OpAdd:
 			v = p.Inputs[0]
+		case graph.OpHardtanh, graph.OpSigmoid, graph.OpSiLU, graph.OpHardsigmoid, graph.OpHardswish, graph.OpGELU:
+			// Elementwise: the channels of their input.
+			v = p.Inputs[0]
 		default:
 			return 0
 		}
