@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/abnconvert/abnconvert/arch"
+	"github.com/abnconvert/abnconvert/failure"
 	"github.com/abnconvert/abnconvert/graph"
 	"github.com/abnconvert/abnconvert/onnx"
 )
@@ -120,7 +121,10 @@ func graphFromONNX(path string, w graph.Weights) (*graph.Graph, *arch.Match, err
 	match := &arch.Match{Arch: g.Arch, Family: "graph", Prefix: prefix, Exact: true,
 		Notes: []string{fmt.Sprintf("structure from %s (opset %d), parameters matched by name", path, m.Opset)}}
 	if opaque := m.Opaque(); len(opaque) > 0 {
-		match.Notes = append(match.Notes, fmt.Sprintf("%d node(s) the IR does not model are kept as they are (no Python module can be emitted for them): %s", len(opaque), summarize(opaque, 6)))
+		// A state dict converted along a graph the runtime cannot run could
+		// be neither emitted as a module nor verified: say so, every op at
+		// once, rather than write a checkpoint nothing can check.
+		return nil, nil, failure.Unsupportedf("%s: the network uses ops abnconvert does not support yet, so no module could be emitted and no conversion verified: %s", path, strings.Join(opaque, "; "))
 	}
 	return g, match, nil
 }

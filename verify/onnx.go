@@ -206,7 +206,7 @@ func runnable(m *onnx.Model, path string) error {
 	for i, op := range ops {
 		ops[i] = fmt.Sprintf("%s x%d", op, count[op])
 	}
-	return failure.Unsupportedf("%s: verify runs ONNX models in abnconvert's runtime, which models Conv, BatchNormalization, Relu, LeakyRelu, Elu, Add, Concat, MaxPool, AveragePool, GlobalAveragePool, Flatten, Gemm, Dropout and the ai.abnconvert ops; this model also has %s, which it cannot run",
+	return failure.Unsupportedf("%s: verify runs ONNX models in abnconvert's runtime, which does not model these ops yet: %s",
 		path, strings.Join(ops, ", "))
 }
 
