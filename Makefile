@@ -81,9 +81,13 @@ cuda-test:
 cuda-emu:
 	$(GO) test -tags cudaemu ./cuda/
 
-# Regenerate the committed PTX after editing cuda/kernels/*.cu (needs nvcc).
+# Regenerate the committed PTX after editing cuda/kernels/*.cu or *.cuh
+# (needs nvcc), and its record kernels/PTX.sum: the sha256 of every source,
+# header and PTX, which cuda's TestPTXSum checks without nvcc (a source
+# edited without `make ptx` fails `go test ./cuda/`).
 ptx:
-	cd cuda/kernels && for f in *.cu; do nvcc -arch=compute_70 -ptx -o $${f%.cu}.ptx $$f || exit 1; done
+	cd cuda/kernels && for f in *.cu; do nvcc -arch=compute_70 -ptx -o $${f%.cu}.ptx $$f || exit 1; done && \
+		sha256sum *.cu *.cuh *.ptx > PTX.sum
 
 # On the GPU machine, from the repo root, with bin/ carried there.
 gpu-bench:
