@@ -2,10 +2,10 @@
 # Prints the root of a Debian 13 (trixie) chroot that holds torch 2.6,
 # torchvision 0.21, onnx 1.17, onnxruntime 1.21 and safetensors: the PyTorch
 # people run today, beside Debian 12's torch 1.13 that `make deps` installs.
-# Built once (about 6 minutes, 1.5 GB after apt-get clean; needs root) into
-# $ABN_TORCH26_ROOT (default /var/cache/abnconvert/trixie) and reused while
-# its stamp matches the package list below. Never committed. Run a command
-# inside it with
+# Built once (measured 3.5 minutes, up to 6 on a slower mirror; 1.5 GB
+# after apt-get clean; needs root) into $ABN_TORCH26_ROOT (default
+# /var/cache/abnconvert/trixie) and reused while its stamp matches the
+# package list below. Never committed. Run a command inside it with
 #   .ci/torch26.sh --run python3 fixtures/interop.py ...
 # which bind-mounts the repository (and ../shared, and /tmp) at the same
 # paths, so that paths the caller passes work on both sides.
