@@ -5,7 +5,7 @@ BIN     := bin/abnconvert
 VERSION := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X github.com/abnconvert/abnconvert/command.Version=$(VERSION)
 
-.PHONY: build demo test gotest pytest interop interop-big verify-fixtures deps fixtures bench clean cuda cuda-test cuda-emu ptx gpu-bench emudriver gpu-emulated
+.PHONY: build demo test gotest pytest interop interop-big verify-fixtures deps fixtures bench clean cuda cuda-test cuda-emu ptx gpu-bench emudriver gpu-emulated torch26 interop-torch26 onnxruntime
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/abnconvert
@@ -49,12 +49,34 @@ interop: build
 interop-big: build
 	$(PYTHON) fixtures/interop.py --bin $(BIN) --big
 
-# Real PyTorch for fixtures and interop tests (Debian's packages; root).
+# The Debian 13 chroot with torch 2.6, torchvision 0.21, onnx 1.17 and
+# onnxruntime 1.21 (.ci/torch26.sh; built once, about 6 minutes, as root,
+# cached in /var/cache/abnconvert/trixie, never committed).
+torch26:
+	bash .ci/torch26.sh
+
+# The interop tests under torch 2.6: the input checkpoints and whole pickled
+# modules written by torch 2.6 convert, and what abnconvert writes loads in
+# torch 2.6 (weights_only=True, the defaults, mmap) and reproduces the
+# original. The inplace_abn stand-in (fixtures/standin), as under 1.13.
+interop-torch26: build torch26
+	bash .ci/torch26.sh --run python3 fixtures/interop.py --bin $(BIN)
+	bash .ci/torch26.sh --run python3 fixtures/interop_graph.py --bin $(BIN)
+
+# --onnx-ops standard and fold outputs run in onnxruntime 1.21 against the
+# original export (in onnxruntime and in torch 2.6): the ONNX fixtures, and a
+# torchvision resnet18 and densenet121 exported by torch 2.6 at 32x32.
+onnxruntime: build torch26
+	bash .ci/torch26.sh --run python3 fixtures/interop_onnxruntime.py --bin $(BIN)
+
+# Real PyTorch and onnx for fixtures and interop tests (Debian's packages;
+# root). -I: the repository's onnx/ directory (Go) must not pass for onnx.
 deps:
-	@$(PYTHON) -c 'import torch, torchvision' 2>/dev/null || { \
+	@$(PYTHON) -I -c 'import torch, torchvision, onnx.checker' 2>/dev/null || { \
 		echo "installing Debian's python3-torch, python3-torchvision, python3-onnx (about 2 minutes)"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-			python3-torch python3-torchvision python3-onnx >/dev/null; }
+			python3-torch python3-torchvision python3-onnx >/dev/null && \
+		$(PYTHON) -I -c 'import torch, torchvision, onnx.checker'; }
 
 # Regenerate every committed fixture with real PyTorch (each script says
 # what it writes; the outputs are deterministic).
@@ -81,9 +103,13 @@ cuda-test:
 cuda-emu:
 	$(GO) test -tags cudaemu ./cuda/
 
-# Regenerate the committed PTX after editing cuda/kernels/*.cu (needs nvcc).
+# Regenerate the committed PTX after editing cuda/kernels/*.cu or *.cuh
+# (needs nvcc), and its record kernels/PTX.sum: the sha256 of every source,
+# header and PTX, which cuda's TestPTXSum checks without nvcc (a source
+# edited without `make ptx` fails `go test ./cuda/`).
 ptx:
-	cd cuda/kernels && for f in *.cu; do nvcc -arch=compute_70 -ptx -o $${f%.cu}.ptx $$f || exit 1; done
+	cd cuda/kernels && for f in *.cu; do nvcc -arch=compute_70 -ptx -o $${f%.cu}.ptx $$f || exit 1; done && \
+		sha256sum *.cu *.cuh *.ptx > PTX.sum
 
 # On the GPU machine, from the repo root, with bin/ carried there.
 gpu-bench:

@@ -13,7 +13,9 @@ for d in ${CUDA_HOME:+"$CUDA_HOME/include"} /usr/include /usr/local/cuda/include
 		exit 0
 	fi
 done
-if ! apt-cache show nvidia-cuda-dev >/dev/null 2>&1; then
+# Whether any source offers the package: `apt-cache show` exits 0 for a name
+# that is only referenced (another package suggests it), with no candidate.
+if [ -z "$(apt-cache madison nvidia-cuda-dev 2>/dev/null)" ]; then
 	. /etc/os-release
 	echo "cuda-headers: adding Debian's non-free component for $VERSION_CODENAME (nvidia-cuda-dev)" >&2
 	cat >/etc/apt/sources.list.d/abnconvert-non-free.sources <<SRC

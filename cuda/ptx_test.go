@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"crypto/sha256"
 	"fmt"
 	"os"
 	"os/exec"
@@ -226,6 +227,120 @@ func TestParsePTX(t *testing.T) {
 				if strings.Join(got, ",") != strings.Join(want, ",") {
 					t.Errorf("entry %s: %v, want %v", k, got, want)
 				}
+			}
+		})
+	}
+}
+
+// ptxSum is the record `make ptx` writes beside the PTX it compiles, in
+// sha256sum's format (`cd cuda/kernels && sha256sum -c PTX.sum` reads it):
+// the digest of every kernel source and header (*.cu, *.cuh; the headers
+// are included by every module) and of every PTX file made from them.
+const ptxSum = "PTX.sum"
+
+// TestPTXSum checks, without nvcc, that the committed PTX was made from the
+// committed sources: a kernel source or header edited without `make ptx`,
+// a PTX file edited by hand, or a kernel file added or removed without
+// `make ptx`, fails here. TestPTXUpToDate recompiles where nvcc is installed.
+func TestPTXSum(t *testing.T) {
+	recorded, err := readPTXSum(filepath.Join("kernels", ptxSum))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var present []string
+	for _, pat := range []string{"*.cu", "*.cuh", "*.ptx"} {
+		m, err := filepath.Glob(filepath.Join("kernels", pat))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range m {
+			present = append(present, filepath.Base(f))
+		}
+	}
+	if len(present) == 0 {
+		t.Fatal("no kernel files in kernels/")
+	}
+	for _, name := range present {
+		want, ok := recorded[name]
+		if !ok {
+			t.Errorf("kernels/%s is not in kernels/%s: run make ptx (needs nvcc)", name, ptxSum)
+			continue
+		}
+		delete(recorded, name)
+		b, err := os.ReadFile(filepath.Join("kernels", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := fmt.Sprintf("%x", sha256.Sum256(b)); got != want {
+			if strings.HasSuffix(name, ".ptx") {
+				t.Errorf("kernels/%s is not the file make ptx wrote (sha256 %s, %s records %s): regenerate it with make ptx", name, got, ptxSum, want)
+			} else {
+				t.Errorf("kernels/%s changed since the PTX was made (sha256 %s, %s records %s): run make ptx (needs nvcc)", name, got, ptxSum, want)
+			}
+		}
+	}
+	for name := range recorded {
+		t.Errorf("kernels/%s records %s, which is not in kernels/: run make ptx", ptxSum, name)
+	}
+}
+
+// readPTXSum parses sha256sum's output: "<64 hex digits>  <name>" per line
+// (" *<name>" in binary mode).
+func readPTXSum(path string) (map[string]string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w (make ptx writes it)", path, err)
+	}
+	line := regexp.MustCompile(`^([0-9a-f]{64}) [ *](\S+)$`)
+	out := map[string]string{}
+	for i, l := range strings.Split(strings.TrimRight(string(b), "\n"), "\n") {
+		m := line.FindStringSubmatch(l)
+		if m == nil {
+			return nil, fmt.Errorf("%s line %d: %q is not \"<sha256>  <file>\"", path, i+1, l)
+		}
+		if _, dup := out[m[2]]; dup {
+			return nil, fmt.Errorf("%s line %d: %s recorded twice", path, i+1, m[2])
+		}
+		out[m[2]] = m[1]
+	}
+	return out, nil
+}
+
+// TestReadPTXSum runs the record's parser on small hand-written records.
+func TestReadPTXSum(t *testing.T) {
+	const h = "133e0252e81f54b1488815b42de70c85f781c74e2608069b3187e84f1878b957"
+	cases := []struct {
+		name, src string
+		want      map[string]string
+		err       string
+	}{
+		{"text mode", h + "  a.cu\n", map[string]string{"a.cu": h}, ""},
+		{"binary mode, no final newline", h + " *a.ptx", map[string]string{"a.ptx": h}, ""},
+		{"two files", h + "  a.cu\n" + h + "  a.ptx\n", map[string]string{"a.cu": h, "a.ptx": h}, ""},
+		{"short digest", h[:63] + "  a.cu\n", nil, "line 1"},
+		{"upper case", strings.ToUpper(h) + "  a.cu\n", nil, "line 1"},
+		{"blank line", h + "  a.cu\n\n" + h + "  b.cu\n", nil, "line 2"},
+		{"twice", h + "  a.cu\n" + h + "  a.cu\n", nil, "twice"},
+		{"empty", "", nil, "line 1"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), ptxSum)
+			if err := os.WriteFile(path, []byte(c.src), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			got, err := readPTXSum(path)
+			if c.err != "" {
+				if err == nil || !strings.Contains(err.Error(), c.err) {
+					t.Fatalf("error %v, want one containing %q", err, c.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fmt.Sprint(got) != fmt.Sprint(c.want) {
+				t.Errorf("got %v, want %v", got, c.want)
 			}
 		})
 	}
