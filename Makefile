@@ -5,7 +5,7 @@ BIN     := bin/abnconvert
 VERSION := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X github.com/abnconvert/abnconvert/command.Version=$(VERSION)
 
-.PHONY: build demo test gotest pytest interop interop-big verify-fixtures deps fixtures bench clean cuda cuda-test cuda-emu ptx gpu-bench emudriver gpu-emulated torch26 interop-torch26 onnxruntime
+.PHONY: build demo test gotest pytest interop interop-big security-torch26 verify-fixtures deps fixtures bench clean cuda cuda-test cuda-emu ptx gpu-bench emudriver gpu-emulated torch26 interop-torch26 onnxruntime
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/abnconvert
@@ -43,6 +43,15 @@ pytest:
 interop: build
 	$(PYTHON) fixtures/interop.py --bin $(BIN)
 	$(PYTHON) fixtures/interop_graph.py --bin $(BIN)
+	$(PYTHON) fixtures/acts.py check --bin $(BIN)
+	$(PYTHON) fixtures/ckpts.py check --bin $(BIN)
+	$(PYTHON) fixtures/weights_only.py check --bin $(BIN)
+
+# inspect --security's verdicts and the training-tool checkpoints checked
+# against real torch 1.13 and torch 2.6 (the chroot is required here).
+security-torch26: build torch26
+	ABN_TORCH26=1 $(PYTHON) fixtures/weights_only.py check --bin $(BIN)
+	ABN_TORCH26=1 $(PYTHON) fixtures/ckpts.py check --bin $(BIN)
 
 # The torchvision networks of the conversion issue (resnet50, densenet121,
 # resnext50_32x4d, wide_resnet50_2, vgg16_bn), generated on the fly.
