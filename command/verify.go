@@ -25,7 +25,9 @@ func verifyCommand() *cli.Command {
 			"another tool's) is verified with the flags given (--relu, --slope, --sync, --arch,\n" +
 			"--graph), defaults for the rest. Sites the ReLU policy approximated are compared exactly against\n" +
 			"the original made leaky there, and their drift from the original is reported;\n" +
-			"drift fails only with --strict.\n\n" +
+			"drift fails only with --strict. A check that cannot tell a right result from a\n" +
+			"wrong one (true value zero, or below its float32 noise) is listed as skip, with\n" +
+			"its reason, and is not counted as passed.\n\n" +
 			"Exit codes: 0 preserved, 1 not preserved, 2 bad input, 3 internal error, 4 an op the\n" +
 			"runtime does not model (the network is valid; abnconvert cannot run it yet).",
 		Flags: []cli.Flag{
@@ -40,7 +42,7 @@ func verifyCommand() *cli.Command {
 			&cli.StringFlag{Name: "input-data", Usage: "a float32/float64 .npy array [N, C, H, W] to use as input instead"},
 			&cli.Float64Flag{Name: "atol", Value: 1e-6, Usage: "absolute tolerance of eval comparisons"},
 			&cli.Float64Flag{Name: "rtol", Value: 1e-4, Usage: "tolerance of eval comparisons, relative to the reference's largest magnitude"},
-			&cli.Float64Flag{Name: "train-factor", Value: 25, Usage: "training comparisons pass within this many times the reference's own float32 error"},
+			&cli.Float64Flag{Name: "train-factor", Value: 25, Usage: "each training comparison passes within this many times its noise: the reference's own float32 error for that tensor, measured on the run"},
 			&cli.BoolFlag{Name: "strict", Usage: "also fail when the declared approximations (ReLU policy, |gamma| < eps) move the outputs beyond --rtol"},
 			&cli.StringFlag{Name: "device", Value: "cpu", Usage: "cpu, or cuda in a binary built with `make cuda`"},
 			&cli.BoolFlag{Name: "json", Usage: "print the result as JSON"},

@@ -58,10 +58,12 @@ func runSample(n *network, x, g *runtime.HostTensor) (*sample, error) {
 	return &sample{eval: y.Data, t: t, after: y2.Data}, nil
 }
 
-// noise holds the reference's run and its perturbed copies'.
+// noise holds the reference's run and its perturbed copies', and how to
+// run one more copy.
 type noise struct {
 	ref   *sample
 	draws []*sample
+	draw  func(d uint64) (*sample, error)
 }
 
 // measureNoise runs noiseDraws copies of the reference (graph g over
@@ -69,21 +71,104 @@ type noise struct {
 // output gradient gy nil, eval only.
 func measureNoise(ref *sample, g *graph.Graph, w graph.Weights, x, gy *runtime.HostTensor,
 	seed uint64, mk func(*graph.Graph, graph.Weights, string) (*network, error)) (*noise, error) {
-	nz := &noise{ref: ref}
 	order := graphOrder(g)
-	for d := uint64(0); d < noiseDraws; d++ {
+	nz := &noise{ref: ref, draw: func(d uint64) (*sample, error) {
 		n, err := mk(g, perturbedWeights{Weights: w, order: order, seed: seed, draw: d}, "reference")
 		if err != nil {
 			return nil, err
 		}
+		defer n.ex.Close()
 		s, err := runSample(n, perturb(x, seed, d), gy)
-		n.ex.Close()
 		if err != nil {
 			return nil, fmt.Errorf("reference: %w", err)
+		}
+		return s, nil
+	}}
+	for d := uint64(0); d < noiseDraws; d++ {
+		s, err := nz.draw(d)
+		if err != nil {
+			return nil, err
 		}
 		nz.draws = append(nz.draws, s)
 	}
 	return nz, nil
+}
+
+// maxNoiseDraws bounds the copies run when checks fail on the first
+// noiseDraws. A float32 rounding can flip a ReLU mask or a max-pool's
+// argmax where a value sits within a rounding of the switch; the flip
+// moves every gradient upstream of it by a step that rounding's smooth
+// effect is far below (on resnet50 at batch 2, 64x64: 1-3% against 1e-4).
+// The converted network, being rounded differently, flips in some runs,
+// the copies in others: a check that fails is judged again against more
+// copies, and fails only if none of them moves that far. A real error
+// (a wrong gradient formula, a wrong running update) is systematic and
+// fails against every copy.
+const maxNoiseDraws = 10
+
+// quantity is one training-mode comparison: the converted network's
+// values, the reference's (pick on a run), the mapping between them, and
+// why its true value is zero if it is; fixed is a check judged otherwise.
+type quantity struct {
+	name  string
+	got   []float32
+	mult  []float64
+	zero  string
+	pick  func(*sample) []float32
+	fixed *Check
+}
+
+// judge checks each quantity against its noise, running more copies of
+// the reference (up to maxNoiseDraws) while any fails.
+func (nz *noise) judge(opt Options, qs []quantity) ([]Check, error) {
+	checks := make([]Check, len(qs))
+	var failing []int
+	for i, q := range qs {
+		if q.fixed != nil {
+			checks[i] = *q.fixed
+			continue
+		}
+		checks[i] = trainCheck(opt, q.name, q.got, q.pick(nz.ref), q.mult, nz.l2(q.pick, q.mult), q.zero)
+		if c := checks[i]; !c.Pass && !c.Skipped && c.Note == "" {
+			failing = append(failing, i)
+		}
+	}
+	if len(failing) == 0 {
+		return checks, nil
+	}
+	// Keep only the failing quantities of the extra copies.
+	kept := map[int][][]float32{}
+	for _, i := range failing {
+		for _, s := range append([]*sample{nz.ref}, nz.draws...) {
+			kept[i] = append(kept[i], qs[i].pick(s))
+		}
+	}
+	runs := uint64(len(nz.draws))
+	for d := runs; d < maxNoiseDraws && len(failing) > 0; d++ {
+		opt.progress("%d check(s) over their limits (first: %s): one more copy of the reference, to see whether its own rounding moves them that far", len(failing), qs[failing[0]].name)
+		s, err := nz.draw(d)
+		if err != nil {
+			return nil, err
+		}
+		runs++
+		var still []int
+		for _, i := range failing {
+			q := qs[i]
+			v := q.pick(s)
+			n := checks[i].Noise
+			for _, w := range kept[i] {
+				n = math.Max(n, relL2(v, w, kept[i][0], q.mult))
+			}
+			kept[i] = append(kept[i], v)
+			checks[i] = trainCheck(opt, q.name, q.got, kept[i][0], q.mult, n, q.zero)
+			checks[i].Note = fmt.Sprintf("noise from %d copies of the reference", runs)
+			if !checks[i].Pass && !checks[i].Skipped {
+				still = append(still, i)
+			}
+		}
+		failing = still
+	}
+	return checks, nil
 }
 
 // l2 is the noise of one quantity in the "l2" metric: the largest norm of
@@ -91,31 +176,29 @@ func measureNoise(ref *sample, g *graph.Graph, w graph.Weights, x, gy *runtime.H
 // when given, leaves out the elements where it is 0.
 func (nz *noise) l2(pick func(*sample) []float32, mask []float64) float64 {
 	runs := append([]*sample{nz.ref}, nz.draws...)
-	ref := pick(nz.ref)
-	var ww float64
-	for i, v := range ref {
-		if mask == nil || mask[i] != 0 {
-			ww += float64(v) * float64(v)
-		}
-	}
 	worst := 0.0
 	for a := range runs {
 		for b := a + 1; b < len(runs); b++ {
-			va, vb := pick(runs[a]), pick(runs[b])
-			if len(va) != len(ref) || len(vb) != len(ref) {
-				return math.Inf(1)
-			}
-			var dd float64
-			for i := range ref {
-				if mask == nil || mask[i] != 0 {
-					d := float64(va[i]) - float64(vb[i])
-					dd += d * d
-				}
-			}
-			worst = math.Max(worst, relOf(dd, ww))
+			worst = math.Max(worst, relL2(pick(runs[a]), pick(runs[b]), pick(nz.ref), mask))
 		}
 	}
 	return worst
+}
+
+// relL2 is |a - b| / |ref| over the elements where mask is not 0.
+func relL2(a, b, ref []float32, mask []float64) float64 {
+	if len(a) != len(ref) || len(b) != len(ref) {
+		return math.Inf(1)
+	}
+	var dd, ww float64
+	for i := range ref {
+		if mask == nil || mask[i] != 0 {
+			d := float64(a[i]) - float64(b[i])
+			dd += d * d
+			ww += float64(ref[i]) * float64(ref[i])
+		}
+	}
+	return relOf(dd, ww)
 }
 
 // max is the noise in the "max" metric: the largest element difference

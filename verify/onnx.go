@@ -174,8 +174,16 @@ func runONNX(opt Options) (*Result, error) {
 		res.Preserved = len(res.Failed) == 0
 		return res, nil
 	}
-	res.add(trainCheck(opt, "train output", tConv.y.Data, refRun.t.y.Data, nil, nz.l2(func(s *sample) []float32 { return s.t.y.Data }, nil), ""))
-	res.add(trainCheck(opt, "input gradient", tConv.dx.Data, refRun.t.dx.Data, nil, nz.l2(func(s *sample) []float32 { return s.t.dx.Data }, nil), ""))
+	checks, err := nz.judge(opt, []quantity{
+		{name: "train output", got: tConv.y.Data, pick: func(s *sample) []float32 { return s.t.y.Data }},
+		{name: "input gradient", got: tConv.dx.Data, pick: func(s *sample) []float32 { return s.t.dx.Data }},
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range checks {
+		res.add(c)
+	}
 	res.add(evalCheck(opt, "eval output after training step", yConvAfter, refRun.after, nz.max(func(s *sample) []float32 { return s.after })))
 	res.Preserved = len(res.Failed) == 0
 	return res, nil

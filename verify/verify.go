@@ -328,9 +328,10 @@ func Run(opt Options) (*Result, error) {
 	if strictFail != nil {
 		res.add(*strictFail)
 	}
-	res.add(trainCheck(opt, "train output", tConv.y.Data, tRef.y.Data, nil, nz.l2(func(s *sample) []float32 { return s.t.y.Data }, nil), ""))
-	res.add(trainCheck(opt, "input gradient", tConv.dx.Data, tRef.dx.Data, nil, nz.l2(func(s *sample) []float32 { return s.t.dx.Data }, nil), ""))
-
+	qs := []quantity{
+		{name: "train output", got: tConv.y.Data, pick: func(s *sample) []float32 { return s.t.y.Data }},
+		{name: "input gradient", got: tConv.dx.Data, pick: func(s *sample) []float32 { return s.t.dx.Data }},
+	}
 	flips := map[string]map[int]bool{}
 	for k, chans := range rep.Flips {
 		m := map[int]bool{}
@@ -344,18 +345,17 @@ func Run(opt Options) (*Result, error) {
 	for _, k := range sortedKeys(tRef.grads) {
 		gc, ok := tConv.grads[k]
 		if !ok {
-			res.add(Check{Name: "gradient " + k, Note: "missing in the converted network"})
+			qs = append(qs, quantity{fixed: &Check{Name: "gradient " + k, Note: "missing in the converted network"}})
 			continue
 		}
 		shape, _ := orig.Shape(k)
-		m := channelMap(shape, flips[k], skip[k])
-		n := nz.l2(func(s *sample) []float32 { return s.t.grads[k] }, m)
-		res.add(trainCheck(opt, "gradient "+k, gc, tRef.grads[k], m, n, zero[k]))
+		qs = append(qs, quantity{name: "gradient " + k, got: gc, mult: channelMap(shape, flips[k], skip[k]), zero: zero[k],
+			pick: func(s *sample) []float32 { return s.t.grads[k] }})
 	}
 	for _, k := range sortedKeys(tRef.stats) {
 		if strings.HasSuffix(k, graph.RoleNumBatches) {
 			ok := len(tConv.stats[k]) == 1 && tConv.stats[k][0] == tRef.stats[k][0]
-			res.add(Check{Name: "running " + k, Pass: ok, Limit: 0, Note: fmt.Sprintf("%v vs %v", tConv.stats[k], tRef.stats[k])})
+			qs = append(qs, quantity{fixed: &Check{Name: "running " + k, Pass: ok, Limit: 0, Note: fmt.Sprintf("%v vs %v", tConv.stats[k], tRef.stats[k])}})
 			continue
 		}
 		shape, _ := orig.Shape(k)
@@ -363,8 +363,14 @@ func Run(opt Options) (*Result, error) {
 		if strings.HasSuffix(k, graph.RoleRunningMean) {
 			m = channelMap(shape, flips[k], nil)
 		}
-		n := nz.l2(func(s *sample) []float32 { return s.t.stats[k] }, m)
-		res.add(trainCheck(opt, "running "+k, tConv.stats[k], tRef.stats[k], m, n, ""))
+		qs = append(qs, quantity{name: "running " + k, got: tConv.stats[k], mult: m, pick: func(s *sample) []float32 { return s.t.stats[k] }})
+	}
+	checks, err := nz.judge(opt, qs)
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range checks {
+		res.add(c)
 	}
 	res.add(evalCheck(opt, "eval output after training step", yConvAfter.Data, yRefAfter.Data, nz.max(func(s *sample) []float32 { return s.after })))
 
