@@ -71,9 +71,13 @@ type noise struct {
 // output gradient gy nil, eval only.
 func measureNoise(ref *sample, g *graph.Graph, w graph.Weights, x, gy *runtime.HostTensor,
 	seed uint64, mk func(*graph.Graph, graph.Weights, string) (*network, error)) (*noise, error) {
-	order := graphOrder(g)
+	order, fan := graphOrder(g), fanIn(g, w)
 	nz := &noise{ref: ref, draw: func(d uint64) (*sample, error) {
-		n, err := mk(g, perturbedWeights{Weights: w, order: order, seed: seed, draw: d}, "reference")
+		pw := perturbedWeights{Weights: w, order: order, seed: seed, draw: d}
+		if d >= noiseDraws {
+			pw.fan = fan
+		}
+		n, err := mk(g, pw, "reference")
 		if err != nil {
 			return nil, err
 		}
@@ -99,11 +103,14 @@ func measureNoise(ref *sample, g *graph.Graph, w graph.Weights, x, gy *runtime.H
 // argmax where a value sits within a rounding of the switch; the flip
 // moves every gradient upstream of it by a step that rounding's smooth
 // effect is far below (on resnet50 at batch 2, 64x64: 1-3% against 1e-4).
-// The converted network, being rounded differently, flips in some runs,
-// the copies in others: a check that fails is judged again against more
-// copies, and fails only if none of them moves that far. A real error
-// (a wrong gradient formula, a wrong running update) is systematic and
-// fails against every copy.
+// The converted network's arithmetic moves values near a switch further
+// than one rounding of input and weights does (each output is a sum of
+// many rounded terms), so it flips where the first copies do not: a check
+// that fails is judged again against more copies, whose convolution and
+// linear weights move as far as that arithmetic does (perturbedWeights.fan),
+// and fails only if none of them moves that far. A real error (a wrong
+// gradient formula, a wrong running update) is systematic and fails
+// against every copy.
 const maxNoiseDraws = 10
 
 // quantity is one training-mode comparison: the converted network's
@@ -346,6 +353,12 @@ type perturbedWeights struct {
 	graph.Weights
 	order      map[string]uint64
 	seed, draw uint64
+	// fan, when set, spreads a convolution's or linear layer's weights by
+	// up to sqrt(fan-in) roundings instead: a dot product of K terms is
+	// the exact one on weights moved by about sqrt(K) roundings (backward
+	// error analysis), which is how far the converted network's own
+	// arithmetic moves its results, ReLU masks that flip included.
+	fan map[string]float64
 }
 
 func (p perturbedWeights) Values(key string) ([]float64, error) {
@@ -355,10 +368,34 @@ func (p perturbedWeights) Values(key string) ([]float64, error) {
 		return v, err
 	}
 	r := rand.New(rand.NewPCG(p.seed, 0xf10a7<<40^p.draw<<32^pos))
+	spread := math.Sqrt(p.fan[key])
 	for i, x := range v {
-		v[i] = float64(neighbour(float32(x), r))
+		y := float32(x)
+		if spread > 1 {
+			y = float32(x * (1 + (2*r.Float64()-1)*spread*roundoff))
+		}
+		if y == float32(x) {
+			y = neighbour(y, r)
+		}
+		v[i] = float64(y)
 	}
 	return v, nil
+}
+
+// fanIn is the number of terms each output of a convolution or linear
+// layer sums, per weight key.
+func fanIn(g *graph.Graph, w graph.Weights) map[string]float64 {
+	out := map[string]float64{}
+	for _, nd := range g.Nodes {
+		k := nd.Params[graph.RoleWeight]
+		if (nd.Op != graph.OpConv && nd.Op != graph.OpLinear) || k == "" {
+			continue
+		}
+		if shape, ok := w.Shape(k); ok && len(shape) >= 2 && shape[0] > 0 {
+			out[k] = float64(graph.Numel(shape) / shape[0])
+		}
+	}
+	return out
 }
 
 // neighbour is a float32 next to x, above or below at random.
