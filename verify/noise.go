@@ -18,9 +18,10 @@ import (
 // reference's own float32 error for that quantity). Pairs of perturbed
 // copies count too: one draw can be lucky on a sum whose terms nearly
 // cancel (a BN bias gradient under a training-mode BN), two rarely both
-// are. A quantity whose limit reaches 1, which a result of zero would
-// pass, cannot tell a right result from a wrong one and is skipped, as is
-// one whose true value is zero.
+// are. A quantity over its limit is judged again against more copies
+// (maxNoiseDraws) before it fails. A quantity whose limit reaches 1, which
+// a result of zero would pass, cannot tell a right result from a wrong one
+// and is skipped, as is one whose true value is zero.
 
 // noiseDraws is how many perturbed copies of the reference run.
 const noiseDraws = 2
