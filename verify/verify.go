@@ -69,12 +69,12 @@ type Check struct {
 	Scale  float64 `json:"scale"`
 	Rel    float64 `json:"rel"`
 	// Limit is the largest Rel that passes: for training-mode quantities
-	// TrainFactor times Noise, for eval outputs Rtol (plus Atol) or that,
-	// whichever is larger.
+	// TrainFactor times Noise (at least one float32 rounding), for eval
+	// outputs Rtol plus Atol over the reference's largest magnitude.
 	Limit float64 `json:"limit"`
 	// Noise is the reference's own error for this quantity, in the same
 	// metric: the largest difference among the reference and its copies
-	// with input and weights moved by one rounding.
+	// with input and weights moved by a rounding (noise.go).
 	Noise float64 `json:"noise"`
 	// Metric says how Rel is measured: "max" (largest difference over the
 	// reference's largest magnitude: eval comparisons) or "l2" (norm of the
@@ -270,8 +270,7 @@ func Run(opt Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	// (judged below, once the noise is measured: a half-precision
-	// checkpoint's limit depends on it)
+	// (judged below, once its noise, reported with it, is measured)
 
 	// 2. Drift of the declared approximations against the original.
 	var strictFail *Check
