@@ -396,6 +396,9 @@ func (e *Executor) normBackward(r *run, i int, nd *graph.Node, dy *gref, x, y Te
 		// the plain layer does not do: one pass over the elements.
 		e.work.RecomputeFLOPs += int64(numel(r.p.shapes[i]))
 		err = b.NormalizeBackwardFromOutput(tx.dst, tw.dst, tb.dst, dy.t, y, e.signs[i], variance, w, bias, np, r.p.training)
+		if err == nil && fault.abnWeightGrad != 0 {
+			err = e.scaleOnHost(tw.dst, fault.abnWeightGrad, nil, 0)
+		}
 	} else {
 		if np.Act.Kind != ActIdentity {
 			// The activation ran in place on the normalised output,

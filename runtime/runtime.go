@@ -695,9 +695,19 @@ func (e *Executor) normalize(r *run, i int, nd *graph.Node, y, x Tensor, update 
 		if nd.Attr.MomentumNone {
 			factor = 1 / float64(e.batches[i])
 		}
+		if fault.momentum != 0 && faulty(nd) {
+			factor = fault.momentum
+		}
 		sh := x.Shape()
-		if err := b.UpdateRunning(rm, rv, mean, variance, factor, sh[0]*sh[2]*sh[3]); err != nil {
+		count := sh[0] * sh[2] * sh[3]
+		if err := b.UpdateRunning(rm, rv, mean, variance, factor, count); err != nil {
 			return err
+		}
+		if fault.runningVar != 0 && faulty(nd) && count > 1 {
+			extra := factor * (fault.runningVar - 1) * float64(count) / float64(count-1)
+			if err := e.scaleOnHost(rv, 1, variance, extra); err != nil {
+				return err
+			}
 		}
 	}
 	return b.Normalize(y, x, sign, mean, variance, w, bias, normParams(nd))

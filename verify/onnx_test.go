@@ -54,6 +54,10 @@ func TestONNXPreserved(t *testing.T) {
 					if len(res.Checks) != want {
 						t.Errorf("%d checks: %+v", len(res.Checks), res.Checks)
 					}
+					if last := res.Checks[len(res.Checks)-1]; ops == "fold" &&
+						(!last.Skipped || last.Pass || !strings.Contains(last.Reason, "folded for inference") || len(res.Skipped) != 1 || res.Passed != 1) {
+						t.Errorf("the folded model's training step is not recorded as skipped: %+v, skipped %v, %d passed", last, res.Skipped, res.Passed)
+					}
 					if name == "tiny_dense" && relu == "leaky" && (res.Drift == nil || res.Drift.Sites == 0) {
 						t.Error("no drift reported for the approximated ReLU sites")
 					}

@@ -2,9 +2,11 @@ package verify
 
 import (
 	"fmt"
+	"math"
 	"sort"
 
 	"github.com/abnconvert/abnconvert/graph"
+	"github.com/abnconvert/abnconvert/half"
 	"github.com/abnconvert/abnconvert/rewrite"
 )
 
@@ -95,3 +97,92 @@ func applyApproximations(g *graph.Graph, w *overlay, rep *rewrite.Report, slope 
 }
 
 func sortStrings(s []string) { sort.Strings(s) }
+
+// applyStorageRounding gives the reference the BN scales the converted
+// file can hold. At an InPlace-ABN site the conversion stores
+// |gamma| - eps; in bfloat16 or float16 that rounds (back to |gamma| itself
+// for every |gamma| above about eps/u: eps is less than half a unit there),
+// so the layer's scale |weight| + eps is round(|gamma| - eps) + eps, off
+// |gamma| by up to min(eps, u*|gamma|): as good as the format allows. The
+// reference takes that scale (sign kept), computed from the original's
+// gamma with the writers' rounding, so the comparison stays at float32
+// precision (a wrong weight still fails) and the rounding's effect is
+// drift, reported against the original. The storage is read from the
+// values: a tensor whose every value, in the original and in the
+// converted file, is a bfloat16 (or float16) one (the converted
+// |gamma| - eps of a float32 checkpoint practically never all are). It
+// returns how many channels it moved.
+func applyStorageRounding(g *graph.Graph, w *overlay, rep *rewrite.Report, conv graph.Weights) (channels int, err error) {
+	for _, s := range rep.Sites {
+		if s.Op != graph.OpInPlaceABN && s.Op != graph.OpInPlaceABNSync {
+			continue
+		}
+		bn := g.Node(s.Node)
+		if bn == nil {
+			return 0, fmt.Errorf("reference: %s: %w", s.Node, errNoNode)
+		}
+		key := bn.Params[graph.RoleWeight]
+		if key == "" {
+			continue
+		}
+		gamma, err := w.base.Values(key)
+		if err != nil {
+			return 0, err
+		}
+		stored, err := conv.Values(key)
+		if err != nil {
+			return 0, err
+		}
+		var round func(float64) float64
+		switch {
+		case holds(gamma, bf16) && holds(stored, bf16):
+			round = bf16
+		case holds(gamma, f16) && holds(stored, f16):
+			round = f16
+		default:
+			continue
+		}
+		v, err := w.Values(key) // tiny-gamma channels already at ±eps
+		if err != nil {
+			return 0, err
+		}
+		tiny := map[int]bool{}
+		for _, c := range s.TinyGammaChannels {
+			tiny[c] = true
+		}
+		eps, moved := bn.Attr.Eps, 0
+		for c, x := range gamma {
+			if tiny[c] || c >= len(v) {
+				continue
+			}
+			scale := round(math.Abs(x)-eps) + eps
+			if x < 0 {
+				scale = -scale
+			}
+			if scale != x {
+				v[c] = scale
+				moved++
+			}
+		}
+		if moved > 0 {
+			if err := w.SetValues(key, v); err != nil {
+				return 0, err
+			}
+			channels += moved
+		}
+	}
+	return channels, nil
+}
+
+func bf16(v float64) float64 { return half.BFloat16ToFloat(half.BFloat16(v)) }
+func f16(v float64) float64  { return half.Float16ToFloat(half.Float16(v)) }
+
+// holds reports whether every value of v is exactly one of round's format.
+func holds(v []float64, round func(float64) float64) bool {
+	for _, x := range v {
+		if round(x) != x {
+			return false
+		}
+	}
+	return true
+}

@@ -50,8 +50,8 @@ type Options struct {
 
 	// Atol and Rtol bound eval-mode differences: |a-b| <= Atol + Rtol*max|ref|.
 	Atol, Rtol float64
-	// TrainFactor scales the reference's own float32 error into the limit
-	// of training-mode comparisons.
+	// TrainFactor scales each quantity's noise (the reference's own
+	// float32 error for it, measured on the run) into its limit.
 	TrainFactor float64
 	Strict      bool
 	Device      string
@@ -59,15 +59,6 @@ type Options struct {
 	// NewBackend makes a backend for the device; nil means the CPU.
 	NewBackend func() (runtime.Backend, error)
 }
-
-// trainFloor is the smallest limit of a training-mode comparison: 2% of the
-// reference's norm. Parameter gradients of BN biases are sums whose terms
-// nearly cancel (a train-mode BN downstream removes each channel's mean), so
-// float32 rounding moves them by up to about 1% on deep networks at small
-// batches (measured: resnext50_32x4d and densenet121 at batch 2-4, 64x64,
-// 0.6-1.0%); a real error (a wrong formula, a channel with the wrong sign)
-// moves them by far more, and wrong weights fail the eval check at 1e-4.
-const trainFloor = 2e-2
 
 // Check is one comparison.
 type Check struct {
@@ -77,8 +68,14 @@ type Check struct {
 	MaxAbs float64 `json:"max_abs"`
 	Scale  float64 `json:"scale"`
 	Rel    float64 `json:"rel"`
-	// Limit is the largest Rel that passes.
+	// Limit is the largest Rel that passes: for training-mode quantities
+	// TrainFactor times Noise (at least one float32 rounding), for eval
+	// outputs Rtol plus Atol over the reference's largest magnitude.
 	Limit float64 `json:"limit"`
+	// Noise is the reference's own error for this quantity, in the same
+	// metric: the largest difference among the reference and its copies
+	// with input and weights moved by a rounding (noise.go).
+	Noise float64 `json:"noise"`
 	// Metric says how Rel is measured: "max" (largest difference over the
 	// reference's largest magnitude: eval comparisons) or "l2" (norm of the
 	// difference over the reference's norm: training comparisons, where a
@@ -86,14 +83,22 @@ type Check struct {
 	// elements a lot and the rest not at all).
 	Metric string `json:"metric"`
 	Pass   bool   `json:"pass"`
-	Note   string `json:"note,omitempty"`
+	// Skipped: the check cannot tell a right result from a wrong one (the
+	// true value is zero, or below its noise), for the reason given. A
+	// skipped check is neither passed nor failed.
+	Skipped bool   `json:"skipped,omitempty"`
+	Reason  string `json:"reason,omitempty"`
+	Note    string `json:"note,omitempty"`
 }
 
 // Drift describes how far the conversion's declared approximations move the
 // outputs away from the original network's (eval mode).
 type Drift struct {
-	Sites       int     `json:"approximated_sites"`
-	TinyGamma   int     `json:"tiny_gamma_channels"`
+	Sites     int `json:"approximated_sites"`
+	TinyGamma int `json:"tiny_gamma_channels"`
+	// Rounded counts the BN scales that half-precision storage moved
+	// (applyStorageRounding).
+	Rounded     int     `json:"rounded_gamma_channels,omitempty"`
 	MaxAbs      float64 `json:"max_abs"`
 	Rel         float64 `json:"rel"`
 	Cosine      float64 `json:"cosine"`
@@ -113,8 +118,12 @@ type Result struct {
 	Drift     *Drift  `json:"drift,omitempty"`
 	Strict    bool    `json:"strict"`
 	Preserved bool    `json:"preserved"`
-	// Failed names the failing checks, for a one-line verdict.
-	Failed []string `json:"failed,omitempty"`
+	// Failed names the failing checks, for a one-line verdict; Skipped
+	// the checks that could not discriminate (their reasons are in Checks).
+	Failed  []string `json:"failed,omitempty"`
+	Skipped []string `json:"skipped,omitempty"`
+	// Passed, with len(Failed) and len(Skipped), counts the checks.
+	Passed int `json:"passed"`
 	// FlagsFrom says where the conversion's flags came from: the converted
 	// file's provenance record (with the flags), or the command line.
 	FlagsFrom string `json:"flags_from"`
@@ -229,6 +238,10 @@ func Run(opt Options) (*Result, error) {
 		return nil, err
 	}
 	conv := convW
+	rounded, err := applyStorageRounding(gRef, refW, rep, conv)
+	if err != nil {
+		return nil, err
+	}
 
 	x, err := input(opt)
 	if err != nil {
@@ -257,11 +270,12 @@ func Run(opt Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	res.add(compare("eval output", yConv.Data, yRef.Data, nil, evalLimit(opt, yRef.Data)))
+	// (judged below, once its noise, reported with it, is measured)
 
 	// 2. Drift of the declared approximations against the original.
-	if approx > 0 || tiny > 0 {
-		opt.progress("eval forward of the original network (drift of %d approximated sites, %d tiny-gamma channels)", approx, tiny)
+	var strictFail *Check
+	if approx > 0 || tiny > 0 || rounded > 0 {
+		opt.progress("eval forward of the original network (drift of %d approximated sites, %d tiny-gamma channels, %d BN scales rounded by half-precision storage)", approx, tiny, rounded)
 		plain, err := open()
 		if err != nil {
 			return nil, err
@@ -278,55 +292,45 @@ func Run(opt Options) (*Result, error) {
 			return nil, fmt.Errorf("original: %w", err)
 		}
 		d := drift(yConv.Data, yOrig.Data, yOrig.Shape)
-		d.Sites, d.TinyGamma = approx, tiny
+		d.Sites, d.TinyGamma, d.Rounded = approx, tiny, rounded
 		d.WithinLimit = d.Rel <= evalLimit(opt, yOrig.Data)
 		res.Drift = &d
 		if opt.Strict && !d.WithinLimit {
-			res.add(Check{Name: "drift (--strict)", MaxAbs: d.MaxAbs, Rel: d.Rel, Limit: evalLimit(opt, yOrig.Data), Pass: false,
-				Note: fmt.Sprintf("%d sites approximated by the ReLU policy, %d tiny-gamma channels", approx, tiny)})
+			strictFail = &Check{Name: "drift (--strict)", MaxAbs: d.MaxAbs, Rel: d.Rel, Limit: evalLimit(opt, yOrig.Data), Pass: false,
+				Note: fmt.Sprintf("%d sites approximated by the ReLU policy, %d tiny-gamma channels, %d BN scales rounded by half-precision storage", approx, tiny, rounded)}
 		}
 	}
 
-	// 3. One training step, judged against the reference's own float32
-	// error: the change of the reference's results when its input moves by
-	// one float32 rounding (a measured conditioning of this network on
-	// this input, which is the scale its float32 arithmetic errs by).
-	opt.progress("training step of the reference (twice: the second with input and weights moved by a float32 rounding, to measure its float32 error)")
+	// 3. One training step, then eval again (the running statistics moved
+	// the same way); each compared quantity judged against its own noise,
+	// measured on copies of the reference (noise.go).
+	opt.progress("training step of the reference and the converted network, then eval again")
 	g := gradOut(opt.Seed, yRef.Shape)
 	tRef, err := trainStep(ref, x, g)
 	if err != nil {
 		return nil, fmt.Errorf("reference: %w", err)
 	}
-	ref2, err := mk(gRef, perturbedWeights{refW, opt.Seed}, "reference")
-	if err != nil {
-		return nil, err
-	}
-	tRef2, err := trainStep(ref2, perturb(x, opt.Seed), g)
-	ref2.ex.Close()
-	if err != nil {
-		return nil, fmt.Errorf("reference: %w", err)
-	}
-	opt.progress("training step of the converted network")
 	tConv, err := trainStep(cv, x, g)
 	if err != nil {
 		return nil, fmt.Errorf("converted: %w", err)
 	}
-	// A float32 training step through BN over few values per channel, and
-	// through ReLU masks that flip on rounding, is good to a few 1e-3 in
-	// gradients; the perturbation measures this network's own figure. One
-	// rounding at the input understates what roundings at every one of
-	// dozens of layers add up to, and InPlace-ABN's inversion (xhat from z)
-	// adds its own: hence a factor of 25 (TrainFactor) over it, which a
-	// deep, ill-conditioned case needed (resnext50 at batch 2, 64x64: 15x),
-	// and a floor that keeps a lucky small measurement from failing a sound
-	// result. Wrong weights fail the eval comparison at 1e-4 first.
-	trainLimit := func(ref, ref2 []float32, sign func(int) float64) float64 {
-		own := compareL2("", ref2, ref, nil, 0).Rel
-		return math.Max(opt.TrainFactor*own, trainFloor)
+	yRefAfter, yConvAfter, err := evalPair(ref, cv, x)
+	if err != nil {
+		return nil, err
 	}
-	res.add(compareL2("train output", tConv.y.Data, tRef.y.Data, nil, trainLimit(tRef.y.Data, tRef2.y.Data, nil)))
-	res.add(compareL2("input gradient", tConv.dx.Data, tRef.dx.Data, nil, trainLimit(tRef.dx.Data, tRef2.dx.Data, nil)))
-
+	opt.progress("the same on %d copies of the reference with input and weights moved by one rounding, to measure its own error", noiseDraws)
+	nz, err := measureNoise(&sample{eval: yRef.Data, t: tRef, after: yRefAfter.Data}, gRef, refW, x, g, opt.Seed, mk)
+	if err != nil {
+		return nil, err
+	}
+	res.add(evalCheck(opt, "eval output", yConv.Data, yRef.Data, nz.max(func(s *sample) []float32 { return s.eval })))
+	if strictFail != nil {
+		res.add(*strictFail)
+	}
+	qs := []quantity{
+		{name: "train output", got: tConv.y.Data, pick: func(s *sample) []float32 { return s.t.y.Data }},
+		{name: "input gradient", got: tConv.dx.Data, pick: func(s *sample) []float32 { return s.t.dx.Data }},
+	}
 	flips := map[string]map[int]bool{}
 	for k, chans := range rep.Flips {
 		m := map[int]bool{}
@@ -336,20 +340,21 @@ func Run(opt Options) (*Result, error) {
 		flips[k] = m
 	}
 	skip := tinyChannels(rep)
+	zero := zeroGradients(gRef)
 	for _, k := range sortedKeys(tRef.grads) {
 		gc, ok := tConv.grads[k]
 		if !ok {
-			res.add(Check{Name: "gradient " + k, Note: "missing in the converted network"})
+			qs = append(qs, quantity{fixed: &Check{Name: "gradient " + k, Note: "missing in the converted network"}})
 			continue
 		}
 		shape, _ := orig.Shape(k)
-		m := channelMap(shape, flips[k], skip[k])
-		res.addGrad(compareL2("gradient "+k, gc, tRef.grads[k], m, trainLimit(tRef.grads[k], tRef2.grads[k], nil)))
+		qs = append(qs, quantity{name: "gradient " + k, got: gc, mult: channelMap(shape, flips[k], skip[k]), zero: zero[k],
+			pick: func(s *sample) []float32 { return s.t.grads[k] }})
 	}
 	for _, k := range sortedKeys(tRef.stats) {
 		if strings.HasSuffix(k, graph.RoleNumBatches) {
 			ok := len(tConv.stats[k]) == 1 && tConv.stats[k][0] == tRef.stats[k][0]
-			res.add(Check{Name: "running " + k, Pass: ok, Limit: 0, Note: fmt.Sprintf("%v vs %v", tConv.stats[k], tRef.stats[k])})
+			qs = append(qs, quantity{fixed: &Check{Name: "running " + k, Pass: ok, Limit: 0, Note: fmt.Sprintf("%v vs %v", tConv.stats[k], tRef.stats[k])}})
 			continue
 		}
 		shape, _ := orig.Shape(k)
@@ -357,28 +362,33 @@ func Run(opt Options) (*Result, error) {
 		if strings.HasSuffix(k, graph.RoleRunningMean) {
 			m = channelMap(shape, flips[k], nil)
 		}
-		res.addGrad(compareL2("running "+k, tConv.stats[k], tRef.stats[k], m, trainLimit(tRef.stats[k], tRef2.stats[k], nil)))
+		qs = append(qs, quantity{name: "running " + k, got: tConv.stats[k], mult: m, pick: func(s *sample) []float32 { return s.t.stats[k] }})
 	}
-
-	// 4. Eval again: the running statistics moved the same way.
-	opt.progress("eval forward after the training step")
-	yRef, yConv, err = evalPair(ref, cv, x)
+	checks, err := nz.judge(opt, qs)
 	if err != nil {
 		return nil, err
 	}
-	res.add(compare("eval output after training step", yConv.Data, yRef.Data, nil, math.Max(evalLimit(opt, yRef.Data), trainLimit(tRef.y.Data, tRef2.y.Data, nil))))
+	for _, c := range checks {
+		res.add(c)
+	}
+	res.add(evalCheck(opt, "eval output after training step", yConvAfter.Data, yRefAfter.Data, nz.max(func(s *sample) []float32 { return s.after })))
 
 	res.Preserved = len(res.Failed) == 0
 	return res, nil
 }
 
-// gradChecksSummarised: gradient and running-stat checks are many; they are
-// kept in the result, but only failures are listed by name.
-func (r *Result) addGrad(c Check) { r.add(c) }
-
 func (r *Result) add(c Check) {
 	r.Checks = append(r.Checks, c)
-	if !c.Pass {
+	r.count(c)
+}
+
+func (r *Result) count(c Check) {
+	switch {
+	case c.Skipped:
+		r.Skipped = append(r.Skipped, c.Name)
+	case c.Pass:
+		r.Passed++
+	default:
 		r.Failed = append(r.Failed, c.Name)
 	}
 }
@@ -640,51 +650,6 @@ func gradOut(seed uint64, shape []int) *runtime.HostTensor {
 		g.Data[i] = float32(r.NormFloat64())
 	}
 	return g
-}
-
-// perturbedWeights moves every floating-point parameter by up to one
-// float32 rounding, deterministically per key. By backward error analysis a
-// float32 computation is the exact computation on data moved by a few
-// roundings, so the reference's change under this perturbation (with the
-// input's, see perturb) measures the size of its own float32 error,
-// including what every layer's arithmetic adds: a perturbation of the input
-// alone would miss that.
-type perturbedWeights struct {
-	graph.Weights
-	seed uint64
-}
-
-func (p perturbedWeights) Values(key string) ([]float64, error) {
-	v, err := p.Weights.Values(key)
-	if err != nil || strings.HasSuffix(key, graph.RoleNumBatches) {
-		return v, err
-	}
-	h := p.seed
-	for i := 0; i < len(key); i++ {
-		h = h*0x100000001B3 ^ uint64(key[i])
-	}
-	r := rand.New(rand.NewPCG(h, 0xf10a7))
-	for i, x := range v {
-		v[i] = x * (1 + (2*r.Float64()-1)*math.Pow(2, -24))
-	}
-	return v, nil
-}
-
-// perturb moves every element of x by up to one float32 rounding.
-func perturb(x *runtime.HostTensor, seed uint64) *runtime.HostTensor {
-	r := rand.New(rand.NewPCG(seed, 0x0e77))
-	y := &runtime.HostTensor{Shape: x.Shape, Data: make([]float32, len(x.Data))}
-	for i, v := range x.Data {
-		y.Data[i] = v * float32(1+(2*r.Float64()-1)*math.Pow(2, -24))
-		if y.Data[i] == v {
-			if r.IntN(2) == 0 {
-				y.Data[i] = math.Nextafter32(v, float32(math.Inf(1)))
-			} else {
-				y.Data[i] = math.Nextafter32(v, float32(math.Inf(-1)))
-			}
-		}
-	}
-	return y
 }
 
 // sameLayout checks that the converted file holds the original's keys with
