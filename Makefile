@@ -24,7 +24,7 @@ verify-fixtures: build
 	@set -e; for f in fixtures/testdata/*.pth; do n=$$(basename $$f .pth); \
 		for relu in leaky abn; do \
 			$(BIN) convert -i $$f -o out/$$n.$$relu.pth --relu $$relu --force --quiet; \
-			$(BIN) verify --original $$f --converted out/$$n.$$relu.pth --relu $$relu --quiet > out/$$n.$$relu.verify.txt \
+			$(BIN) verify --original $$f --converted out/$$n.$$relu.pth --quiet > out/$$n.$$relu.verify.txt \
 				|| { cat out/$$n.$$relu.verify.txt; echo "verify failed: $$n --relu $$relu"; exit 1; }; \
 			tail -1 out/$$n.$$relu.verify.txt | sed "s|^|$$n --relu $$relu: |"; \
 		done; done
@@ -56,7 +56,7 @@ security-torch26: build torch26
 # The torchvision networks of the conversion issue (resnet50, densenet121,
 # resnext50_32x4d, wide_resnet50_2, vgg16_bn), generated on the fly.
 interop-big: build
-	$(PYTHON) fixtures/interop.py --bin $(BIN) --big
+	$(PYTHON) fixtures/interop.py --bin $(BIN) --big --verify-seeds 5
 
 # The Debian 13 chroot with torch 2.6, torchvision 0.21, onnx 1.17 and
 # onnxruntime 1.21 (.ci/torch26.sh; built once, about 6 minutes, as root,
