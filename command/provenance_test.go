@@ -462,3 +462,52 @@ func TestRecordDeterministic(t *testing.T) {
 		}
 	}
 }
+
+// TestVerifyOtherOriginal: verify warns when the original given is not the
+// file the record says was converted (digested by its zip records, as
+// hashing the whole checkpoint would double a conversion's time), and not
+// when it is, or holds the very same records.
+func TestVerifyOtherOriginal(t *testing.T) {
+	dir := t.TempDir()
+	in := fixturePath("tiny_resnet_basic")
+	out := filepath.Join(dir, "abn.pth")
+	if code, _, stderr := run("convert", "-i", in, "-o", out, "--relu", "abn", "-q"); code != 0 {
+		t.Fatalf("convert: exit %d: %s", code, stderr)
+	}
+	// The same records under another name: the same checkpoint.
+	same := filepath.Join(dir, "copy.pth")
+	b, err := os.ReadFile(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(same, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// One running mean moved: another checkpoint.
+	ck, err := pth.Open(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := ck.Values("bn1.running_mean")
+	if err != nil {
+		t.Fatal(err)
+	}
+	v[0] += 0.5
+	if err := ck.SetValues("bn1.running_mean", v); err != nil {
+		t.Fatal(err)
+	}
+	other := filepath.Join(dir, "other.pth")
+	if err := ck.Write(other, pth.WriteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ck.Close()
+	for _, tc := range []struct {
+		original string
+		warn     bool
+	}{{in, false}, {same, false}, {other, true}} {
+		_, stdout, stderr := run("verify", "--original", tc.original, "--converted", out, "--size", "32", "-q")
+		if got := strings.Contains(stdout+stderr, "not the file converted"); got != tc.warn {
+			t.Errorf("verify --original %s: warned %v, want %v\n%s%s", filepath.Base(tc.original), got, tc.warn, stdout, stderr)
+		}
+	}
+}

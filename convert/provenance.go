@@ -38,15 +38,16 @@ type origin struct {
 
 // structureSource digests the input and the structure source of m.
 func (o Options) structureSource(m *model.Model) (*origin, error) {
-	d, err := model.FileSHA256(o.Input)
+	d, err := model.DigestInput(o.Input)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", o.Input, unwrapPathError(err))
 	}
+	d.File = baseName(o.Input)
 	st, err := m.StructureSource(o.structure())
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", o.Graph, unwrapPathError(err))
 	}
-	return &origin{input: model.FileDigest{File: baseName(o.Input), SHA256: d}, structure: st}, nil
+	return &origin{input: d, structure: st}, nil
 }
 
 // record is the encoded provenance record of a finished rewrite of g.

@@ -69,8 +69,10 @@ func (o *Options) settle(conv *model.Model) (from string, warnings []string, err
 	case g.graph:
 		return "", nil, fmt.Errorf("--graph %s contradicts the provenance record of %s: the conversion took its structure from the %s, not from --graph (drop the flag)", o.Graph, o.Converted, p.Structure.Source)
 	}
-	if d, err := model.FileSHA256(o.Original); err == nil && p.Input.SHA256 != "" && d != p.Input.SHA256 {
-		warnings = append(warnings, fmt.Sprintf("%s was converted from %s (sha256 %s), and %s has sha256 %s: not the file converted; verified anyway", o.Converted, p.Input.File, p.Input.SHA256, o.Original, d))
+	if p.Input.SHA256 != "" {
+		if same, d, err := p.Input.Matches(o.Original); err == nil && !same {
+			warnings = append(warnings, fmt.Sprintf("%s was converted from %s (sha256 %s), and %s has sha256 %s: not the file converted; verified anyway", o.Converted, p.Input.File, p.Input.SHA256, o.Original, d))
+		}
 	}
 	o.defaults()
 	return fmt.Sprintf("provenance record (abnconvert %s: %s)", p.Version, p.Flags()), warnings, nil
