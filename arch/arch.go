@@ -92,8 +92,9 @@ func Recognize(w graph.Weights, force string) (*graph.Graph, *Match, error) {
 // Counting matches ranks the families and prefixes worth trying and says how
 // close an unrecognised state dict came.
 var familyKeys = map[string]*regexp.Regexp{
-	FamilyResNet: regexp.MustCompile(`^(?:conv1\.weight|bn1\.` + bnRoles + `|layer[1-4]\.\d+\.(?:conv[123]\.(?:weight|bias)|bn[123]\.` + bnRoles +
-		`|downsample\.0\.(?:weight|bias)|downsample\.1\.` + bnRoles + `)|fc\.(?:weight|bias))$`),
+	FamilyResNet: regexp.MustCompile(`^(?:` + resnetBodyKeys + `|fc\.(?:weight|bias))$`),
+	// The heads' keys are left loose: the builder names what is wrong.
+	FamilySegmentation: regexp.MustCompile(`^(?:backbone\.(?:` + resnetBodyKeys + `)|(?:aux_)?classifier\.\d+\.[\w.]+)$`),
 	FamilyDenseNet: regexp.MustCompile(`^(?:features\.(?:conv0\.weight|norm0\.` + bnRoles +
 		`|denseblock\d+\.denselayer\d+\.(?:norm\.?[12]\.` + bnRoles + `|conv\.?[12]\.(?:weight|bias))` +
 		`|transition\d+\.(?:norm\.` + bnRoles + `|conv\.(?:weight|bias))|norm5\.` + bnRoles + `)|classifier\.(?:weight|bias))$`),
@@ -102,12 +103,17 @@ var familyKeys = map[string]*regexp.Regexp{
 
 const bnRoles = `(?:weight|bias|running_mean|running_var|num_batches_tracked)`
 
+// resnetBodyKeys matches the keys of a ResNet up to layer4.
+const resnetBodyKeys = `conv1\.weight|bn1\.` + bnRoles + `|layer[1-4]\.\d+\.(?:conv[123]\.(?:weight|bias)|bn[123]\.` + bnRoles +
+	`|downsample\.0\.(?:weight|bias)|downsample\.1\.` + bnRoles + `)`
+
 // anchors are keys that every state dict of a family has; where one sits
 // below a prefix ("module.conv1.weight"), that prefix is a candidate.
 var anchors = map[string][]string{
-	FamilyResNet:   {"conv1.weight", "fc.weight"},
-	FamilyDenseNet: {"features.conv0.weight", "features.norm5.weight", "classifier.weight"},
-	FamilyVGG:      {"features.0.weight", "classifier.6.weight"},
+	FamilyResNet:       {"conv1.weight", "fc.weight"},
+	FamilyDenseNet:     {"features.conv0.weight", "features.norm5.weight", "classifier.weight"},
+	FamilyVGG:          {"features.0.weight", "classifier.6.weight"},
+	FamilySegmentation: {"backbone.conv1.weight"},
 }
 
 type candidate struct {
@@ -190,19 +196,52 @@ func detect(w graph.Weights, keys []string) (*graph.Graph, *Match, error) {
 	return g, m, nil
 }
 
-var familyTitle = map[string]string{FamilyResNet: "ResNet", FamilyDenseNet: "DenseNet", FamilyVGG: "VGG with batch norm"}
+var familyTitle = map[string]string{FamilyResNet: "ResNet", FamilyDenseNet: "DenseNet", FamilyVGG: "VGG with batch norm",
+	FamilySegmentation: "FCN or DeepLabV3 with a ResNet backbone"}
+
+// assumedPrefix starts the note that says which structure a state dict was
+// given: the constructor defaults, which its keys cannot contradict.
+const assumedPrefix = "structure assumed"
+
+// assumed says, per family, what a state dict cannot hold and the
+// recogniser takes from torchvision's constructor.
+var assumed = map[string]string{
+	FamilyResNet:   "stride 2 in conv1, maxpool and the first block of layer2-4, no dilation (replace_stride_with_dilation=None), 3x3 paddings 1, BN eps 1e-5 and momentum 0.1",
+	FamilyDenseNet: "conv0 7x7 stride 2, pool0 3x3 stride 2, transitions AvgPool2d(2, 2), drop_rate 0, BN eps 1e-5 and momentum 0.1",
+	FamilyVGG:      "3x3 convolutions with padding 1, MaxPool2d(2, 2), Dropout(0.5) in the classifier, BN eps 1e-5 and momentum 0.1",
+	FamilySegmentation: "the backbone built with replace_stride_with_dilation=[False, True, True] as fcn_resnet50/101 and deeplabv3_resnet50/101 build it, ASPP rates 12, 24, 36, " +
+		"bilinear resizing with align_corners=False, Dropout 0.1 (FCNHead) and 0.5 (ASPP), BN eps 1e-5 and momentum 0.1",
+}
+
+func assumedNote(family string) string {
+	return fmt.Sprintf("%s from torchvision's constructor defaults: %s; a state dict holds no strides, paddings or dilations, so a network built otherwise "+
+		"(a dilated backbone, other strides) has the same keys and shapes and would be converted wrongly: for anything else give the structure with "+
+		"--graph model.onnx (torch.onnx.export with training=torch.onnx.TrainingMode.PRESERVE) or convert the whole pickled module (torch.save(model))", assumedPrefix, assumed[family])
+}
 
 // build reads the state dict as family below prefix. Match.Arch is the
 // description; the caller replaces it with a torchvision name if one fits.
 func build(w graph.Weights, keys []string, family, prefix string) (*graph.Graph, *Match, error) {
+	return buildFrom(w, keys, family, prefix, false)
+}
+
+// buildFrom is build; fromModule says a module tree will supply what a
+// state dict cannot (the segmentation heads' ASPP rates).
+func buildFrom(w graph.Weights, keys []string, family, prefix string, fromModule bool) (*graph.Graph, *Match, error) {
 	b := newBuilder(w, keys, prefix)
 	b.g = graph.New(family, 3)
 	var (
 		desc  string
+		exact bool
 		notes []string
 		err   error
 	)
 	switch family {
+	case FamilySegmentation:
+		var sh *segShape
+		if sh, err = buildSegmentation(b, fromModule); err == nil {
+			desc, exact = sh.describe()
+		}
 	case FamilyResNet:
 		var sh *resnetShape
 		if sh, err = buildResNet(b); err == nil {
@@ -231,9 +270,12 @@ func build(w graph.Weights, keys []string, family, prefix string) (*graph.Graph,
 	if err := b.g.Validate(); err != nil {
 		return nil, nil, fmt.Errorf("built %s graph is invalid: %w", family, err)
 	}
-	m := &Match{Arch: desc, Family: family, Prefix: prefix, Notes: b.notes()}
+	m := &Match{Arch: desc, Family: family, Prefix: prefix, Exact: exact, Notes: b.notes()}
 	m.Notes = append(m.Notes, notes...)
-	m.Notes = append(m.Notes, fmt.Sprintf("num_classes %d", b.g.Output.Channels))
+	m.Notes = append(m.Notes, fmt.Sprintf("num_classes %d", b.g.Output.Channels), assumedNote(family))
+	if family == FamilySegmentation {
+		m.Notes = append(m.Notes, "the graph's output is the model's \"out\" tensor (torchvision returns {\"out\": ...})")
+	}
 	b.g.Arch = desc
 	return b.g, m, nil
 }

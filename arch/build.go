@@ -58,9 +58,14 @@ func (b *builder) add(name string, op graph.Op, attr graph.Attr, params map[stri
 // conv adds Conv2d module m (a full module path) with torchvision's
 // hyper-parameters, which the state dict does not hold: a square kernel k
 // whose size must match the weight's, the given stride and padding,
-// dilation 1. Groups are inferred from the weight when allowGroups is set;
+// dilation 1 (convDilated for another). Groups are inferred from the weight when allowGroups is set;
 // otherwise its in_channels must equal the channels reaching it.
 func (b *builder) conv(m string, in *graph.Value, k, stride, pad int, allowGroups bool) (*graph.Value, error) {
+	return b.convDilated(m, in, k, stride, pad, 1, allowGroups)
+}
+
+// convDilated is conv with a dilation.
+func (b *builder) convDilated(m string, in *graph.Value, k, stride, pad, dil int, allowGroups bool) (*graph.Value, error) {
 	key := m + "." + graph.RoleWeight
 	s, ok := b.shape(key)
 	if !ok {
@@ -99,7 +104,7 @@ func (b *builder) conv(m string, in *graph.Value, k, stride, pad int, allowGroup
 	}
 	attr := graph.Attr{
 		InChannels: c, OutChannels: s[0], KernelSize: [2]int{k, k},
-		Stride: [2]int{stride, stride}, Padding: [2]int{pad, pad}, Dilation: [2]int{1, 1},
+		Stride: [2]int{stride, stride}, Padding: [2]int{pad, pad}, Dilation: [2]int{dil, dil},
 		Groups: groups, Bias: bias,
 	}
 	return b.add(m, graph.OpConv, attr, params, s[0], in), nil

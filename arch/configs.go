@@ -13,10 +13,13 @@ const (
 	FamilyResNet   = "resnet"
 	FamilyDenseNet = "densenet"
 	FamilyVGG      = "vgg"
+	// FamilySegmentation is torchvision's FCN and DeepLabV3 with a ResNet
+	// backbone (fcn_resnet50/101, deeplabv3_resnet50/101).
+	FamilySegmentation = "segmentation"
 )
 
 // families lists the families in the order detection prefers them on a tie.
-var families = []string{FamilyResNet, FamilyDenseNet, FamilyVGG}
+var families = []string{FamilyResNet, FamilyDenseNet, FamilyVGG, FamilySegmentation}
 
 // tensor is one expected state-dict entry.
 type tensor struct {

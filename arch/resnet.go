@@ -16,6 +16,7 @@ type resnetShape struct {
 	inner      [4]int // Bottleneck conv2 width of each layer
 	groups     [4]int
 	irregular  bool // blocks of one layer disagree on widths
+	dilate     [3]bool
 }
 
 // buildResNet mirrors torchvision 0.14's ResNet forward: conv1 7x7/2 → bn1 →
@@ -25,35 +26,64 @@ type resnetShape struct {
 // does; the block's shared relu module appears once per use (relu, relu:2,
 // relu:3).
 func buildResNet(b *builder) (*resnetShape, error) {
-	p := b.prefix
+	sh, _, err := resnetBody(b, resnetOpts{head: true})
+	return sh, err
+}
+
+// resnetOpts says where a ResNet sits and how it was constructed, which its
+// keys cannot say.
+type resnetOpts struct {
+	// module is the ResNet's module path after the prefix ("backbone." in
+	// a segmentation model), ending in a dot when not empty.
+	module string
+	// dilate is replace_stride_with_dilation: layer2..4 replace their
+	// stride 2 by dilation, as torchvision's _make_layer does.
+	dilate [3]bool
+	// head adds avgpool, flatten and fc.
+	head bool
+}
+
+// resnetBody adds a ResNet and returns the outputs of layer1..4.
+func resnetBody(b *builder, o resnetOpts) (*resnetShape, [4]*graph.Value, error) {
+	var outs [4]*graph.Value
+	p := b.prefix + o.module
 	x, err := b.conv(p+"conv1", b.g.Input, 7, 2, 3, false)
 	if err != nil {
-		return nil, err
+		return nil, outs, err
 	}
 	if x, err = b.bn(p+"bn1", x); err != nil {
-		return nil, err
+		return nil, outs, err
 	}
 	x = b.relu(p+"relu", x)
 	x = b.maxpool(p+"maxpool", x, 3, 2, 1)
 
-	sh := &resnetShape{stem: x.Channels, bottleneck: b.present(p + "layer1.0.conv3.weight")}
+	sh := &resnetShape{stem: x.Channels, bottleneck: b.present(p + "layer1.0.conv3.weight"), dilate: o.dilate}
+	dilation := 1
 	for l := 0; l < 4; l++ {
 		layer := fmt.Sprintf("%slayer%d", p, l+1)
 		for i := 0; b.has(fmt.Sprintf("%s.%d", layer, i)); i++ {
 			sh.layers[l]++
 		}
 		if sh.layers[l] == 0 {
-			return nil, fmt.Errorf("missing %s.0.conv1.weight: %s has no blocks", layer, layer)
+			return nil, outs, fmt.Errorf("missing %s.0.conv1.weight: %s has no blocks", layer, layer)
+		}
+		stride, previous := 1, dilation
+		if l > 0 {
+			stride = 2
+			if o.dilate[l-1] {
+				dilation *= stride
+				stride = 1
+			}
 		}
 		for i := 0; i < sh.layers[l]; i++ {
-			stride := 1
-			if l > 0 && i == 0 {
-				stride = 2
+			s, d := stride, previous
+			if i > 0 {
+				s, d = 1, dilation
 			}
 			m := fmt.Sprintf("%s.%d.", layer, i)
-			y, inner, err := resnetBlock(b, m, x, stride, sh.bottleneck)
+			y, inner, err := resnetBlock(b, m, x, s, d, sh.bottleneck)
 			if err != nil {
-				return nil, err
+				return nil, outs, err
 			}
 			if i == 0 {
 				sh.out[l], sh.inner[l] = y.Channels, inner.Channels
@@ -65,19 +95,23 @@ func buildResNet(b *builder) (*resnetShape, error) {
 			}
 			x = y
 		}
+		outs[l] = x
 	}
-	x = b.head(p+"avgpool", x, 1)
-	if _, err := b.linear(p+"fc", x); err != nil {
-		return nil, err
+	if o.head {
+		x = b.head(p+"avgpool", x, 1)
+		if _, err := b.linear(p+"fc", x); err != nil {
+			return nil, outs, err
+		}
 	}
-	return sh, nil
+	return sh, outs, nil
 }
 
 // resnetBlock adds one BasicBlock or Bottleneck at module path m (ending in
-// "."). It returns the block output and the output of its grouped 3x3
+// "."), whose 3x3 convolution (conv2 of a Bottleneck) has the given dilation
+// and, as torchvision's conv3x3, padding equal to it. It returns the block output and the output of its grouped 3x3
 // convolution's BN (bn2 in a Bottleneck, bn1 in a BasicBlock), whose width
 // describes the block.
-func resnetBlock(b *builder, m string, x *graph.Value, stride int, bottleneck bool) (out, inner *graph.Value, err error) {
+func resnetBlock(b *builder, m string, x *graph.Value, stride, dilation int, bottleneck bool) (out, inner *graph.Value, err error) {
 	if bottleneck != b.present(m+"conv3.weight") {
 		kind := "BasicBlock"
 		if bottleneck {
@@ -87,17 +121,21 @@ func resnetBlock(b *builder, m string, x *graph.Value, stride int, bottleneck bo
 	}
 	// The main branch, as torchvision's forward runs it.
 	type step struct {
-		kind           byte // 'c' conv, 'b' BN, 'r' relu
-		name           string
-		k, stride, pad int
+		kind                byte // 'c' conv, 'b' BN, 'r' relu
+		name                string
+		k, stride, pad, dil int
 	}
-	steps := []step{{'c', "conv1", 3, stride, 1}, {'b', "bn1", 0, 0, 0}, {'r', "relu", 0, 0, 0},
-		{'c', "conv2", 3, 1, 1}, {'b', "bn2", 0, 0, 0}}
+	if !bottleneck && dilation > 1 {
+		// torchvision's BasicBlock raises NotImplementedError.
+		return nil, nil, fmt.Errorf("%s: a BasicBlock cannot be dilated (torchvision refuses dilation > 1 in BasicBlock)", m[:len(m)-1])
+	}
+	steps := []step{{'c', "conv1", 3, stride, 1, 1}, {'b', "bn1", 0, 0, 0, 0}, {'r', "relu", 0, 0, 0, 0},
+		{'c', "conv2", 3, 1, 1, 1}, {'b', "bn2", 0, 0, 0, 0}}
 	innerBN := "bn1"
 	if bottleneck {
-		steps = []step{{'c', "conv1", 1, 1, 0}, {'b', "bn1", 0, 0, 0}, {'r', "relu", 0, 0, 0},
-			{'c', "conv2", 3, stride, 1}, {'b', "bn2", 0, 0, 0}, {'r', "relu:2", 0, 0, 0},
-			{'c', "conv3", 1, 1, 0}, {'b', "bn3", 0, 0, 0}}
+		steps = []step{{'c', "conv1", 1, 1, 0, 1}, {'b', "bn1", 0, 0, 0, 0}, {'r', "relu", 0, 0, 0, 0},
+			{'c', "conv2", 3, stride, dilation, dilation}, {'b', "bn2", 0, 0, 0, 0}, {'r', "relu:2", 0, 0, 0, 0},
+			{'c', "conv3", 1, 1, 0, 1}, {'b', "bn3", 0, 0, 0, 0}}
 		innerBN = "bn2"
 	}
 	y := x
@@ -106,7 +144,7 @@ func resnetBlock(b *builder, m string, x *graph.Value, stride int, bottleneck bo
 		case 'c':
 			// Only a Bottleneck's conv2 may be grouped (ResNeXt);
 			// torchvision's BasicBlock refuses groups.
-			y, err = b.conv(m+s.name, y, s.k, s.stride, s.pad, bottleneck && s.name == "conv2")
+			y, err = b.convDilated(m+s.name, y, s.k, s.stride, s.pad, s.dil, bottleneck && s.name == "conv2")
 		case 'b':
 			y, err = b.bn(m+s.name, y)
 		default:
@@ -149,6 +187,9 @@ func (s *resnetShape) describe() string {
 		block, expansion = "Bottleneck", 4
 	}
 	d := fmt.Sprintf("resnet (%s %s, width %d", block, joinInts(s.layers[:]), s.stem)
+	if s.dilate != [3]bool{} {
+		d += fmt.Sprintf(", replace_stride_with_dilation %v", s.dilate[:])
+	}
 	if s.irregular {
 		return d + ", widths differ between blocks of one layer)"
 	}

@@ -57,6 +57,11 @@ const (
 	OpMul Op = "Mul"
 	OpSub Op = "Sub"
 	OpDiv Op = "Div"
+	// OpResize interpolates its first input to the spatial size of its
+	// second (the shape is read, the values are not): torchvision's
+	// segmentation models call F.interpolate(x, size=input.shape[-2:]).
+	// Attr.Mode is "nearest" or "bilinear", with Attr.AlignCorners.
+	OpResize Op = "Resize"
 )
 
 // Activation names of the ABN family, spelled as the inplace_abn package
@@ -120,6 +125,9 @@ type Attr struct {
 	StartDim int `json:"start_dim,omitempty"`
 	// Dropout.
 	P float64 `json:"p,omitempty"`
+	// Resize.
+	Mode         string `json:"mode,omitempty"`
+	AlignCorners bool   `json:"align_corners,omitempty"`
 }
 
 // Node is one operation.
@@ -332,6 +340,7 @@ var arity = map[Op]int{
 	OpMaxPool: 1, OpAvgPool: 1, OpAdaptiveAvgPool: 1, OpFlatten: 1, OpLinear: 1, OpDropout: 1,
 	OpHardtanh: 1, OpSigmoid: 1, OpSiLU: 1, OpHardsigmoid: 1, OpHardswish: 1, OpGELU: 1,
 	OpMul: 2, OpSub: 2, OpDiv: 2,
+	OpResize: 2,
 }
 
 // IsActivation reports whether op is an elementwise activation of one
@@ -428,6 +437,8 @@ func (a Attr) summary(op Op) string {
 		return fmt.Sprintf("axis=%d", a.Axis)
 	case OpFlatten:
 		return fmt.Sprintf("start_dim=%d", a.StartDim)
+	case OpResize:
+		return fmt.Sprintf("%s align_corners=%v", a.Mode, a.AlignCorners)
 	}
 	return ""
 }

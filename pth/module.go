@@ -23,8 +23,9 @@ import (
 // imported and no __setstate__ runs.
 
 // ModuleClasses lists the module classes a whole pickled module may use:
-// the torch.nn layers the IR models and the torchvision model classes of
-// the supported families.
+// torch.nn layers and torchvision model classes. Listing a class only lets
+// its instances be read as data; package arch decides which of them it can
+// turn into a graph, and refuses the others by name.
 var ModuleClasses = []string{
 	"torch.nn.modules.container.Sequential",
 	"torch.nn.modules.conv.Conv2d",
@@ -39,6 +40,13 @@ var ModuleClasses = []string{
 	"torch.nn.modules.linear.Linear",
 	"torch.nn.modules.linear.Identity",
 	"torch.nn.modules.dropout.Dropout",
+	"torch.nn.modules.container.ModuleList",
+	"torch.nn.modules.activation.ReLU6",
+	"torch.nn.modules.activation.Hardswish",
+	"torch.nn.modules.activation.Hardsigmoid",
+	"torch.nn.modules.activation.Sigmoid",
+	"torch.nn.modules.activation.SiLU",
+	"torch.nn.modules.upsampling.Upsample",
 	"torchvision.models.resnet.ResNet",
 	"torchvision.models.resnet.BasicBlock",
 	"torchvision.models.resnet.Bottleneck",
@@ -47,6 +55,22 @@ var ModuleClasses = []string{
 	"torchvision.models.densenet._DenseLayer",
 	"torchvision.models.densenet._Transition",
 	"torchvision.models.vgg.VGG",
+	// Segmentation models: their backbones (ResNet, MobileNetV3 features)
+	// wrapped in IntermediateLayerGetter, and their heads.
+	"torchvision.models._utils.IntermediateLayerGetter",
+	"torchvision.models.segmentation.fcn.FCN",
+	"torchvision.models.segmentation.fcn.FCNHead",
+	"torchvision.models.segmentation.deeplabv3.DeepLabV3",
+	"torchvision.models.segmentation.deeplabv3.DeepLabHead",
+	"torchvision.models.segmentation.deeplabv3.ASPP",
+	"torchvision.models.segmentation.deeplabv3.ASPPConv",
+	"torchvision.models.segmentation.deeplabv3.ASPPPooling",
+	"torchvision.models.segmentation.lraspp.LRASPP",
+	"torchvision.models.segmentation.lraspp.LRASPPHead",
+	"torchvision.models.mobilenetv3.MobileNetV3",
+	"torchvision.models.mobilenetv3.InvertedResidual",
+	"torchvision.ops.misc.Conv2dNormActivation",
+	"torchvision.ops.misc.SqueezeExcitation",
 }
 
 var moduleClass = map[string]bool{}
@@ -98,8 +122,13 @@ type Module struct {
 	// Class is the module's class, "torch.nn.modules.conv.Conv2d".
 	Class string
 	// Attrs holds the instance attributes that are plain data (numbers,
-	// strings, booleans, None, tuples and lists of them), by name.
+	// strings, booleans, None, tuples, lists and dicts of them), by name.
 	Attrs map[string]Value
+	// Opaque names, sorted, the other instance attributes (hook dicts,
+	// class references such as ResNet's _norm_layer), which are not kept:
+	// a reader that must understand every attribute that changes the
+	// computation refuses a public one it does not know.
+	Opaque []string
 	// Params and Buffers are the module's own tensors in registration
 	// order; None entries and non-persistent buffers are left out.
 	Params  []NamedTensor
@@ -404,6 +433,8 @@ func buildModule(o *modObject, busy map[*modObject]bool, depth int, budget *int)
 			items := maxAttrItems
 			if a, ok := plainAttr(v, 0, &items); ok {
 				m.Attrs[k] = a
+			} else {
+				m.Opaque = append(m.Opaque, k)
 			}
 		}
 	}
@@ -466,6 +497,17 @@ func plainAttr(v any, depth int, budget *int) (Value, bool) {
 			l.Items = append(l.Items, a)
 		}
 		return l, true
+	case *types.Dict:
+		// IntermediateLayerGetter.return_layers: {"layer4": "out", ...}.
+		d := NewDict(false)
+		for _, e := range *v {
+			k, ok1 := plainAttr(e.Key, depth+1, budget)
+			a, ok2 := plainAttr(e.Value, depth+1, budget)
+			if !ok1 || !ok2 || d.Set(k, a) != nil {
+				return nil, false
+			}
+		}
+		return d, true
 	}
 	return nil, false
 }
