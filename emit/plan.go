@@ -368,6 +368,13 @@ func checkParamless(n *graph.Node) error {
 		if !(a.P >= 0 && a.P <= 1) {
 			return fmt.Errorf("dropout probability %g outside [0, 1]", a.P)
 		}
+	case graph.OpResize:
+		if a.Mode != "nearest" && a.Mode != "bilinear" {
+			return fmt.Errorf("resize mode %q: want nearest or bilinear", a.Mode)
+		}
+		if a.Mode == "nearest" && a.AlignCorners {
+			return fmt.Errorf("nearest resizing has no align_corners")
+		}
 	default:
 		return failure.Unsupportedf("op %s not supported by the Python emitter", n.Op)
 	}

@@ -340,6 +340,14 @@ func (p *program) nodeLine(n *graph.Node) (string, error) {
 		expr = fmt.Sprintf("torch.flatten(%s, %d)", in(0), a.StartDim)
 	case graph.OpDropout:
 		expr = fmt.Sprintf("F.dropout(%s, %s, training=self.training)", in(0), pyFloat(a.P))
+	case graph.OpResize:
+		// To the second input's size at run time, as torchvision's
+		// segmentation models do: any input size works.
+		align := ""
+		if a.Mode != "nearest" {
+			align = ", align_corners=" + pyBool(a.AlignCorners)
+		}
+		expr = fmt.Sprintf("F.interpolate(%s, size=%s.shape[-2:], mode=%s%s)", in(0), in(1), pyStr(a.Mode), align)
 	default:
 		return "", failure.Unsupportedf("node %q: op %q not supported by the Python emitter", n.Name, n.Op)
 	}

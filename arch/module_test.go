@@ -1,0 +1,399 @@
+package arch
+
+import (
+	"encoding/json"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/abnconvert/abnconvert/emit"
+	"github.com/abnconvert/abnconvert/failure"
+	"github.com/abnconvert/abnconvert/graph"
+	"github.com/abnconvert/abnconvert/pth"
+	"github.com/abnconvert/abnconvert/runtime"
+)
+
+// Fixtures of fixtures/structure.py (real torch 1.13, torchvision 0.14).
+func structureFixture(name string) string {
+	return filepath.Join("..", "fixtures", "testdata", "structure", name)
+}
+
+type structureGolden struct {
+	Keys            []string  `json:"keys"`
+	InputShape      []int     `json:"input_shape"`
+	Input           []float32 `json:"input"`
+	Output          []float32 `json:"output"`
+	UndilatedOutput []float32 `json:"undilated_output"`
+}
+
+func readStructureGolden(t *testing.T, name string) *structureGolden {
+	t.Helper()
+	b, err := os.ReadFile(structureFixture(name + ".golden.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var g structureGolden
+	if err := json.Unmarshal(b, &g); err != nil {
+		t.Fatal(err)
+	}
+	return &g
+}
+
+func openModule(t *testing.T, name string) (*pth.Checkpoint, *pth.Module) {
+	t.Helper()
+	ck, m, err := pth.OpenModule(structureFixture(name + ".pth"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ck.Close() })
+	return ck, m
+}
+
+// eval runs g over w in the runtime, eval mode.
+func eval(t *testing.T, g *graph.Graph, w graph.Weights, shape []int, x []float32) []float32 {
+	t.Helper()
+	ex, err := runtime.New(g, w, runtime.NewCPU(0), runtime.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ex.Close()
+	in := runtime.NewHostTensor(shape...)
+	copy(in.Data, x)
+	y, err := ex.Forward(in, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return y.Data
+}
+
+// relErr is the largest absolute difference over the largest magnitude.
+func relErr(got, want []float32) float64 {
+	if len(got) != len(want) {
+		return math.Inf(1)
+	}
+	d, s := 0.0, 0.0
+	for i := range want {
+		d = math.Max(d, math.Abs(float64(got[i])-float64(want[i])))
+		s = math.Max(s, math.Abs(float64(want[i])))
+	}
+	return d / s
+}
+
+func hasNote(m *Match, sub string) bool {
+	for _, n := range m.Notes {
+		if strings.Contains(n, sub) {
+			return true
+		}
+	}
+	return false
+}
+
+// TestDilatedModule: a ResNet built with replace_stride_with_dilation =
+// [False, True, True] and pickled whole is rebuilt with every convolution's
+// stride, padding and dilation (torch's golden within 1e-4); its state
+// dict alone gives the undilated network torchvision's defaults describe,
+// and says so.
+func TestDilatedModule(t *testing.T) {
+	gold := readStructureGolden(t, "dilated_module")
+	if e := relErr(gold.UndilatedOutput, gold.Output); e < 1e-3 {
+		t.Fatalf("the fixture does not tell the structures apart: undilated output within %.2e", e)
+	}
+	ck, m := openModule(t, "dilated_module")
+	g, match, err := FromModule(m, ck, "auto")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		node                      string
+		stride, padding, dilation int
+	}{
+		{"layer2.0.conv2", 2, 1, 1},
+		{"layer2.0.downsample.0", 2, 0, 1},
+		{"layer3.0.conv2", 1, 1, 1}, // the first dilated block keeps the previous dilation
+		{"layer3.0.downsample.0", 1, 0, 1},
+		{"layer3.1.conv2", 1, 2, 2},
+		{"layer4.0.conv2", 1, 2, 2},
+		{"layer4.0.downsample.0", 1, 0, 1},
+		{"layer4.1.conv2", 1, 4, 4},
+	} {
+		n := g.Node(c.node)
+		if n == nil {
+			t.Fatalf("no node %s", c.node)
+		}
+		a := n.Attr
+		if a.Stride != [2]int{c.stride, c.stride} || a.Padding != [2]int{c.padding, c.padding} || a.Dilation != [2]int{c.dilation, c.dilation} {
+			t.Errorf("%s: stride %v padding %v dilation %v, want %d %d %d", c.node, a.Stride, a.Padding, a.Dilation, c.stride, c.padding, c.dilation)
+		}
+	}
+	if e := relErr(eval(t, g, ck, gold.InputShape, gold.Input), gold.Output); e > 1e-4 {
+		t.Errorf("whole module: eval output rel %.2e against torch", e)
+	}
+	if hasNote(match, assumedPrefix) || !hasNote(match, "3 dilated convolutions") {
+		t.Errorf("whole module notes: %q", match.Notes)
+	}
+
+	sg, sm, err := Recognize(ck, "auto")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := relErr(eval(t, sg, ck, gold.InputShape, gold.Input), gold.UndilatedOutput); e > 1e-4 {
+		t.Errorf("state dict: eval output rel %.2e against the undilated network", e)
+	}
+	if !hasNote(sm, assumedPrefix+" from torchvision's constructor defaults") || !hasNote(sm, "no dilation") ||
+		!hasNote(sm, "--graph") || !hasNote(sm, "whole pickled module") {
+		t.Errorf("state dict notes do not state the assumed structure: %q", sm.Notes)
+	}
+}
+
+// TestSegmentationModules: FCN and DeepLabV3 pickled whole are read with
+// their backbone's dilation and the ASPP rates of their modules; their
+// state dicts alone are recognised too, with torchvision's constructor
+// dilation, and give the same graph save for the ASPP rates a state dict
+// cannot hold.
+func TestSegmentationModules(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		arch   string
+		rates  []int // ASPP rates of the module
+		resize int
+	}{
+		{"fcn_module", "fcn (backbone resnet (Bottleneck [1 1 2 2], width 4, replace_stride_with_dilation [false true true], groups 2, width_per_group 32), 3 classes)", nil, 1},
+		{"deeplab_module", "deeplabv3 (backbone resnet (Bottleneck [1 1 2 2], width 4, replace_stride_with_dilation [false true true], groups 2, width_per_group 32), 3 classes)", []int{2, 3, 5}, 2},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ck, m := openModule(t, c.name)
+			g, match, err := FromModule(m, ck, "auto")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if match.Family != FamilySegmentation || match.Arch != c.arch {
+				t.Errorf("family %s, arch %q", match.Family, match.Arch)
+			}
+			if n := countOps(g)[graph.OpResize]; n != c.resize {
+				t.Errorf("%d Resize nodes, want %d", n, c.resize)
+			}
+			if out := g.Output.Producer; out.Op != graph.OpResize || out.Inputs[1] != g.Input || out.Attr.Mode != "bilinear" || out.Attr.AlignCorners {
+				t.Errorf("output %s", out.Name)
+			}
+			if d := g.Node("backbone.layer4.1.conv2").Attr.Dilation; d != [2]int{4, 4} {
+				t.Errorf("backbone.layer4.1.conv2 dilation %v", d)
+			}
+			for i, r := range c.rates {
+				n := g.Node("classifier.0.convs." + string(rune('1'+i)) + ".0")
+				if n.Attr.Dilation != [2]int{r, r} || n.Attr.Padding != [2]int{r, r} {
+					t.Errorf("%s: dilation %v padding %v, want %d", n.Name, n.Attr.Dilation, n.Attr.Padding, r)
+				}
+			}
+			checkCoverage(t, g, ck)
+
+			sg, sm, err := Recognize(ck, "auto")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if sm.Family != FamilySegmentation || !hasNote(sm, "replace_stride_with_dilation=[False, True, True]") {
+				t.Errorf("state dict: family %s, notes %q", sm.Family, sm.Notes)
+			}
+			want := strings.Split(g.String(), "\n")[1:]
+			got := strings.Split(sg.String(), "\n")[1:]
+			if len(got) != len(want) {
+				t.Fatalf("state dict graph has %d lines, module graph %d", len(got), len(want))
+			}
+			differ := 0
+			for i := range got {
+				if got[i] != want[i] {
+					differ++
+					if !strings.HasPrefix(got[i], "classifier.0.convs.") || !strings.Contains(got[i], "d[12 12]") && !strings.Contains(got[i], "d[24 24]") && !strings.Contains(got[i], "d[36 36]") {
+						t.Errorf("state dict graph differs:\n%s\nmodule:\n%s", got[i], want[i])
+					}
+				}
+			}
+			if differ != len(c.rates) {
+				t.Errorf("%d lines differ, want %d (the ASPP rates)", differ, len(c.rates))
+			}
+		})
+	}
+}
+
+// TestModulesInTorch runs the modules emitted from the rebuilt graphs with
+// real PyTorch, with the original state dicts loaded strictly, against the
+// original pickled modules at another input size (fixtures/structure.py
+// check): the segmentation models' Resize is not in abnconvert's runtime,
+// so torch is their oracle.
+func TestModulesInTorch(t *testing.T) {
+	const python = "/usr/bin/python3"
+	if testing.Short() {
+		t.Skip("runs PyTorch")
+	}
+	if err := exec.Command(python, "-c", "import torch, torchvision").Run(); err != nil {
+		t.Skipf("%s cannot import torch: %v", python, err)
+	}
+	// The emitted module imports inplace_abn; fixtures/standin stands in.
+	standin, err := filepath.Abs(filepath.Join("..", "fixtures", "standin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	for _, name := range []string{"dilated_module", "fcn_module", "deeplab_module"} {
+		t.Run(name, func(t *testing.T) {
+			ck, m := openModule(t, name)
+			g, _, err := FromModule(m, ck, "auto")
+			if err != nil {
+				t.Fatal(err)
+			}
+			src, err := emit.Python(g, emit.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			mod := filepath.Join(dir, name+".py")
+			if err := os.WriteFile(mod, src, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			cmd := exec.Command(python, filepath.Join("..", "fixtures", "structure.py"), "check", structureFixture(name+".pth"), "-", mod)
+			cmd.Env = append(os.Environ(), "PYTHONPATH="+standin)
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("%v\n%s", err, out)
+			}
+			t.Logf("%s", strings.TrimSpace(string(out)))
+		})
+	}
+}
+
+// TestModuleRefusals: module trees the builders must refuse, each with the
+// module path, the attribute and the class of the error: an attribute
+// value abnconvert does not model is unsupported (exit 4), never ignored.
+func TestModuleRefusals(t *testing.T) {
+	i := func(v int64) pth.Value { return v }
+	pair := func(a, b int64) pth.Value { return &pth.Tuple{Items: []pth.Value{a, b}} }
+	conv := func(attrs map[string]pth.Value) *pth.Module {
+		a := map[string]pth.Value{"in_channels": i(3), "out_channels": i(4), "groups": i(1), "padding_mode": "zeros",
+			"transposed": false, "output_padding": pair(0, 0), "kernel_size": pair(3, 3), "stride": pair(1, 1), "dilation": pair(1, 1), "padding": pair(1, 1)}
+		for k, v := range attrs {
+			a[k] = v
+		}
+		return &pth.Module{Class: "torch.nn.modules.conv.Conv2d", Attrs: a}
+	}
+	mod := func(class string, attrs map[string]pth.Value) *pth.Module {
+		return &pth.Module{Class: class, Attrs: attrs}
+	}
+	bn := func(attrs map[string]pth.Value) *pth.Module {
+		a := map[string]pth.Value{"num_features": i(4), "eps": 1e-5, "momentum": 0.1, "affine": true, "track_running_stats": true}
+		for k, v := range attrs {
+			a[k] = v
+		}
+		return mod("torch.nn.modules.batchnorm.BatchNorm2d", a)
+	}
+	pool := func(attrs map[string]pth.Value) *pth.Module {
+		a := map[string]pth.Value{"kernel_size": i(2), "stride": i(2), "padding": i(0), "dilation": i(1), "ceil_mode": false, "return_indices": false}
+		for k, v := range attrs {
+			a[k] = v
+		}
+		return mod("torch.nn.modules.pooling.MaxPool2d", a)
+	}
+	seq := func(children ...*pth.Module) *pth.Module {
+		m := &pth.Module{Class: classSequential}
+		for k, c := range children {
+			m.Children = append(m.Children, pth.Child{Name: string(rune('0' + k)), Module: c})
+		}
+		return m
+	}
+	// resnet returns the dilated fixture's tree with one module changed.
+	resnet := func(path string, change func(m *pth.Module)) func(t *testing.T) (*pth.Module, graph.Weights) {
+		return func(t *testing.T) (*pth.Module, graph.Weights) {
+			ck, root := openModule(t, "dilated_module")
+			m := root
+			for _, seg := range strings.Split(path, ".") {
+				found := false
+				for _, c := range m.Children {
+					if c.Name == seg {
+						m, found = c.Module, true
+						break
+					}
+				}
+				if !found {
+					t.Fatalf("no module %s", path)
+				}
+			}
+			change(m)
+			return root, ck
+		}
+	}
+	hand := func(m *pth.Module) func(t *testing.T) (*pth.Module, graph.Weights) {
+		return func(*testing.T) (*pth.Module, graph.Weights) { return m, graph.NewMemWeights() }
+	}
+	unsupported, bad := failure.Unsupported, failure.BadInput
+	cases := []struct {
+		name string
+		tree func(t *testing.T) (*pth.Module, graph.Weights)
+		want string
+		kind failure.Kind
+	}{
+		{"custom root", hand(mod("__main__.Net", nil)), "abnconvert rebuilds the forward of nn.Sequential chains", unsupported},
+		{"starts with relu", hand(seq(mod("torch.nn.modules.activation.ReLU", map[string]pth.Value{"inplace": false}))), "must start with a Conv2d", bad},
+		{"reflect padding", hand(seq(conv(map[string]pth.Value{"padding_mode": "reflect"}))), `0 (Conv2d): padding_mode "reflect"`, unsupported},
+		{"same padding, even kernel", hand(seq(conv(map[string]pth.Value{"padding": "same", "kernel_size": pair(2, 2)}))), "pads asymmetrically", unsupported},
+		{"transposed", hand(seq(conv(map[string]pth.Value{"transposed": true}))), "transposed=True", unsupported},
+		{"unknown conv attribute", hand(seq(conv(map[string]pth.Value{"weight_standardise": true}))), "0 (Conv2d): attribute weight_standardise = True is not one abnconvert understands", unsupported},
+		{"opaque attribute", hand(seq(&pth.Module{Class: "torch.nn.modules.conv.Conv2d", Attrs: conv(nil).Attrs, Opaque: []string{"_forward_hooks", "scale_fn"}})), "attribute scale_fn (not plain data)", unsupported},
+		{"stride missing", hand(seq(conv(map[string]pth.Value{"stride": nil}))), "stride is None, not an int or a pair of ints", bad},
+		{"flatten all", hand(seq(conv(nil), mod("torch.nn.modules.flatten.Flatten", map[string]pth.Value{"start_dim": i(0), "end_dim": i(-1)}))), "only Flatten(start_dim=1", unsupported},
+		{"bn features", hand(seq(conv(nil), bn(map[string]pth.Value{"num_features": i(5)}))), "num_features 5, but 4 channels reach it", bad},
+		{"bn not affine", hand(seq(conv(nil), bn(map[string]pth.Value{"affine": false}))), "1 (BatchNorm2d): affine=False", unsupported},
+		{"bn no running stats", hand(seq(conv(nil), bn(map[string]pth.Value{"track_running_stats": false}))), "track_running_stats=False", unsupported},
+		{"torchvision block", hand(seq(conv(nil), &pth.Module{Class: "torchvision.models.resnet.BasicBlock", Children: []pth.Child{{Name: "conv1", Module: conv(nil)}}})), "is not a chain layer", unsupported},
+		{"max pool indices", hand(seq(conv(nil), pool(map[string]pth.Value{"return_indices": true}))), "return_indices", unsupported},
+		{"max pool dilation", hand(seq(conv(nil), pool(map[string]pth.Value{"dilation": i(2)}))), "1 (MaxPool2d): dilation [2 2]: dilated max pooling is not modelled", unsupported},
+		{"avg pool divisor", hand(seq(conv(nil), mod("torch.nn.modules.pooling.AvgPool2d", map[string]pth.Value{"kernel_size": i(2), "stride": nil, "padding": i(0), "ceil_mode": false, "count_include_pad": true, "divisor_override": i(3)}))), "divisor_override 3", unsupported},
+		{"pool kernel", hand(seq(conv(nil), mod("torch.nn.modules.pooling.AvgPool2d", map[string]pth.Value{"kernel_size": "x"}))), "kernel_size is 'x'", bad},
+		{"relu inplace", hand(seq(conv(nil), mod("torch.nn.modules.activation.ReLU", map[string]pth.Value{"inplace": i(1)}))), "inplace is 1, not a bool", bad},
+		{"dropout p", hand(seq(conv(nil), mod("torch.nn.modules.dropout.Dropout", map[string]pth.Value{"p": 1.5, "inplace": false}))), "p is 1.5, not a probability", bad},
+		{"hardswish", hand(seq(conv(nil), mod("torch.nn.modules.activation.Hardswish", map[string]pth.Value{"inplace": false}))), "Hardswish is not a layer abnconvert's IR models yet", unsupported},
+		{"resnet reflect padding", resnet("layer3.1.conv2", func(m *pth.Module) { m.Attrs["padding_mode"] = "reflect" }), `layer3.1.conv2 (Conv2d): padding_mode "reflect"`, unsupported},
+		{"resnet unknown bn attribute", resnet("layer4.1.bn2", func(m *pth.Module) { m.Attrs["frozen"] = true }), "layer4.1.bn2 (BatchNorm2d): attribute frozen = True", unsupported},
+		{"resnet replaced activation", resnet("layer1.0.relu", func(m *pth.Module) {
+			m.Class = "torch.nn.modules.activation.Hardswish"
+		}), "layer1.0.relu (Hardswish): torch.nn.modules.activation.Hardswish is not a layer", unsupported},
+		{"resnet replaced pool", resnet("maxpool", func(m *pth.Module) {
+			*m = *mod("torch.nn.modules.pooling.AvgPool2d", map[string]pth.Value{"kernel_size": i(3), "stride": i(2), "padding": i(1), "ceil_mode": false, "count_include_pad": true, "divisor_override": nil})
+		}), "maxpool (AvgPool2d): a AvgPool2d where torchvision's forward has a MaxPool2d", unsupported},
+		{"resnet block attribute", resnet("layer2.0", func(m *pth.Module) { m.Attrs["drop_path"] = 0.1 }), "layer2.0 (Bottleneck): attribute drop_path = 0.1", unsupported},
+		{"resnet extra module", resnet("layer2.0", func(m *pth.Module) {
+			m.Children = append(m.Children, pth.Child{Name: "se", Module: mod("torch.nn.modules.activation.Sigmoid", nil)})
+		}), "layer2.0.se (torch.nn.modules.activation.Sigmoid): not a module torchvision's forward uses", unsupported},
+		{"resnet conv geometry", resnet("layer1.0.conv2", func(m *pth.Module) { m.Attrs["kernel_size"] = pair(5, 5) }), "kernel_size [5 5], groups 2, but its weight gives", bad},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			m, w := c.tree(t)
+			_, _, err := FromModule(m, w, "auto")
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("error %v, want %q", err, c.want)
+			}
+			if k := failure.Of(err); k != c.kind {
+				t.Errorf("class %v, want %v", k, c.kind)
+			}
+		})
+	}
+}
+
+// TestModuleActivationSwap: a torchvision ResNet whose ReLU module was
+// replaced by a LeakyReLU is followed (the forward calls the module).
+func TestModuleActivationSwap(t *testing.T) {
+	ck, root := openModule(t, "dilated_module")
+	for _, c := range root.Children {
+		if c.Name == "relu" {
+			c.Module.Class = "torch.nn.modules.activation.LeakyReLU"
+			c.Module.Attrs["negative_slope"] = 0.2
+		}
+	}
+	g, _, err := FromModule(root, ck, "auto")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := g.Node("relu"); n.Op != graph.OpLeakyReLU || n.Attr.ActParam != 0.2 {
+		t.Errorf("stem activation %s(%g)", n.Op, n.Attr.ActParam)
+	}
+}
