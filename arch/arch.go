@@ -113,7 +113,7 @@ var anchors = map[string][]string{
 	FamilyResNet:       {"conv1.weight", "fc.weight"},
 	FamilyDenseNet:     {"features.conv0.weight", "features.norm5.weight", "classifier.weight"},
 	FamilyVGG:          {"features.0.weight", "classifier.6.weight"},
-	FamilySegmentation: {"backbone.conv1.weight"},
+	FamilySegmentation: {"backbone.conv1.weight", "backbone.0.0.weight"},
 }
 
 type candidate struct {

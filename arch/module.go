@@ -157,8 +157,16 @@ func FromModule(m *pth.Module, w graph.Weights, force string) (*graph.Graph, *Ma
 		match.Notes = append(notes, fmt.Sprintf("structure from the pickled %s instance: every layer's attributes (strides, paddings, dilations, groups, pool geometry, BN eps and momentum, dropout rates) read from its modules", m.Class))
 		if d := dilations(g); d != "" {
 			match.Notes = append(match.Notes, d)
+			if fam != FamilySegmentation {
+				// Not the network torchvision's name alone describes.
+				match.Arch += " (dilated)"
+				g.Arch = match.Arch
+			}
 		}
 		return g, match, nil
+	}
+	if why, ok := notBuilt[m.Class]; ok {
+		return nil, nil, failure.Unsupportedf("a whole pickled %s was read as data, but %s; until then, export it with torch.onnx.export(..., training=torch.onnx.TrainingMode.PRESERVE) and use --graph", m.ShortClass(), why)
 	}
 	if m.Class != classSequential {
 		return nil, nil, failure.Unsupportedf("a whole pickled %s: abnconvert rebuilds the forward of nn.Sequential chains and of torchvision's ResNet, DenseNet, VGG, FCN and DeepLabV3 classes only; "+
@@ -184,6 +192,17 @@ func FromModule(m *pth.Module, w graph.Weights, force string) (*graph.Graph, *Ma
 		Notes: []string{"structure from the pickled nn.Sequential: its children applied in order, each with the attributes its module holds"}}
 	b.g.Arch = match.Arch
 	return b.g, match, nil
+}
+
+// mobileNetV3Ops is what a MobileNetV3 needs beyond the IR's ops.
+const mobileNetV3Ops = "Hardswish, Hardsigmoid and squeeze-and-excitation gates (adaptive average pooling, a broadcasting Mul)"
+
+// notBuilt names the allowlisted torchvision models whose forward is not
+// rebuilt yet, and what they need.
+var notBuilt = map[string]string{
+	"torchvision.models.segmentation.lraspp.LRASPP": "abnconvert does not rebuild LRASPP's forward yet: its MobileNetV3 backbone needs " + mobileNetV3Ops +
+		", its LRASPPHead a Sigmoid gate, a broadcasting Mul, Resize (bilinear, to the low-level features' size) and an Add",
+	"torchvision.models.mobilenetv3.MobileNetV3": "abnconvert does not rebuild MobileNetV3's forward yet: it needs " + mobileNetV3Ops + ", Dropout and Hardswish in the classifier",
 }
 
 // dilations notes the dilated convolutions, the structure a state dict

@@ -397,3 +397,74 @@ func TestModuleActivationSwap(t *testing.T) {
 		t.Errorf("stem activation %s(%g)", n.Op, n.Attr.ActParam)
 	}
 }
+
+// TestTorchvisionSegmentation: torchvision 0.14's four segmentation models,
+// pickled whole at full size by real torch, are read as data through the
+// allowlist (nothing executed). The ResNet-based ones are rebuilt, named
+// and dilated as their constructors build them; the MobileNetV3-based ones
+// are refused as unsupported, naming what is missing. With aux_loss the
+// second head is refused, saying how to drop it.
+func TestTorchvisionSegmentation(t *testing.T) {
+	const python = "/usr/bin/python3"
+	if testing.Short() {
+		t.Skip("runs PyTorch and writes 400 MB")
+	}
+	if err := exec.Command(python, "-c", "import torchvision").Run(); err != nil {
+		t.Skipf("%s cannot import torchvision: %v", python, err)
+	}
+	dir := t.TempDir()
+	script := `import sys, torch
+from torchvision.models import segmentation as S
+for name in sys.argv[2:]:
+    aux = name.endswith("_aux")
+    make = getattr(S, name[:-4] if aux else name)
+    torch.save(make(weights=None, weights_backbone=None, aux_loss=aux), sys.argv[1] + "/" + name + ".pth")
+`
+	names := []string{"fcn_resnet50", "deeplabv3_resnet50", "lraspp_mobilenet_v3_large", "deeplabv3_mobilenet_v3_large", "deeplabv3_resnet50_aux"}
+	if out, err := exec.Command(python, append([]string{"-c", script, dir}, names...)...).CombinedOutput(); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	for _, c := range []struct {
+		name, want string // want: the error, "" for none
+	}{
+		{"fcn_resnet50", ""},
+		{"deeplabv3_resnet50", ""},
+		{"lraspp_mobilenet_v3_large", "LRASPP"},
+		{"deeplabv3_mobilenet_v3_large", "MobileNetV3"},
+		{"deeplabv3_resnet50_aux", "model.aux_classifier = None"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ck, m, err := pth.OpenModule(filepath.Join(dir, c.name+".pth"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ck.Close()
+			g, match, err := FromModule(m, ck, "auto")
+			if c.want != "" {
+				if err == nil || !strings.Contains(err.Error(), c.want) || failure.Of(err) != failure.Unsupported {
+					t.Fatalf("error %v (%v), want unsupported, %q", err, failure.Of(err), c.want)
+				}
+				t.Logf("%v", err)
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if match.Arch != c.name || !match.Exact {
+				t.Errorf("arch %q exact %v", match.Arch, match.Exact)
+			}
+			if d := g.Node("backbone.layer4.2.conv2").Attr.Dilation; d != [2]int{4, 4} {
+				t.Errorf("backbone.layer4.2.conv2 dilation %v", d)
+			}
+			checkCoverage(t, g, ck)
+			// The state dict alone: the same graph (torchvision's rates).
+			sg, _, err := Recognize(ck, "auto")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if a, b := strings.SplitN(sg.String(), "\n", 2)[1], strings.SplitN(g.String(), "\n", 2)[1]; a != b {
+				t.Errorf("the state dict's graph differs from the module's")
+			}
+		})
+	}
+}

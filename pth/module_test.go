@@ -204,3 +204,39 @@ func TestNewStateDict(t *testing.T) {
 		t.Errorf("dtypes %s %s", r.DType("b"), r.DType("a.num_batches_tracked"))
 	}
 }
+
+// TestModuleAttrKinds: a pickled segmentation model is read as data;
+// a plain dict attribute (IntermediateLayerGetter.return_layers) is kept,
+// and attributes that are not plain data (hook dicts) are named in Opaque
+// rather than silently dropped.
+func TestModuleAttrKinds(t *testing.T) {
+	ck, m, err := OpenModule(filepath.Join("..", "fixtures", "testdata", "structure", "fcn_module.pth"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.Close()
+	if m.Class != "torchvision.models.segmentation.fcn.FCN" || len(m.Children) != 2 || m.Children[0].Name != "backbone" {
+		t.Fatalf("root %s with %d children", m.Class, len(m.Children))
+	}
+	if v, ok := m.Attrs["aux_classifier"]; !ok || v != nil {
+		t.Errorf("aux_classifier %v, %v", v, ok)
+	}
+	bb := m.Children[0].Module
+	d, ok := bb.Attr("return_layers").(*Dict)
+	if !ok || d.Len() != 1 {
+		t.Fatalf("return_layers %#v", bb.Attr("return_layers"))
+	}
+	if v, _ := d.Get("layer4"); v != "out" {
+		t.Errorf("return_layers[layer4] = %v", v)
+	}
+	hooks := false
+	for _, name := range bb.Opaque {
+		if _, plain := bb.Attrs[name]; plain {
+			t.Errorf("%s both plain and opaque", name)
+		}
+		hooks = hooks || name == "_forward_hooks"
+	}
+	if !hooks {
+		t.Errorf("opaque attributes %v lack _forward_hooks", bb.Opaque)
+	}
+}
