@@ -203,6 +203,17 @@ var notBuilt = map[string]string{
 	"torchvision.models.segmentation.lraspp.LRASPP": "abnconvert does not rebuild LRASPP's forward yet: its MobileNetV3 backbone needs " + mobileNetV3Ops +
 		", its LRASPPHead a Sigmoid gate, a broadcasting Mul, Resize (bilinear, to the low-level features' size) and an Add",
 	"torchvision.models.mobilenetv3.MobileNetV3": "abnconvert does not rebuild MobileNetV3's forward yet: it needs " + mobileNetV3Ops + ", Dropout and Hardswish in the classifier",
+	"torchvision.models.mobilenetv2.MobileNetV2": "abnconvert does not rebuild MobileNetV2's forward yet: it needs ReLU6 (Hardtanh) and inverted-residual adds",
+	"torchvision.models.efficientnet.EfficientNet": "abnconvert does not rebuild EfficientNet's forward yet: it needs SiLU, squeeze-and-excitation gates " +
+		"(adaptive average pooling, Sigmoid, a broadcasting Mul) and StochasticDepth",
+	"torchvision.models.regnet.RegNet": "abnconvert does not rebuild RegNet's forward yet: RegNetY needs squeeze-and-excitation gates " +
+		"(adaptive average pooling, Sigmoid, a broadcasting Mul); RegNetX's blocks are not built either",
+	"torchvision.models.shufflenetv2.ShuffleNetV2": "abnconvert does not rebuild ShuffleNetV2's forward yet: it needs the channel split (chunk) and shuffle (Reshape, Transpose)",
+	"torchvision.models.mnasnet.MNASNet":           "abnconvert does not rebuild MNASNet's forward yet",
+	"torchvision.models.googlenet.GoogLeNet": "abnconvert does not rebuild GoogLeNet's forward yet: it needs transform_input's per-channel affine, " +
+		"and its auxiliary classifiers are second outputs in training",
+	"torchvision.models.inception.Inception3": "abnconvert does not rebuild Inception3's forward yet: it needs transform_input's per-channel affine, " +
+		"and its auxiliary classifier is a second output in training",
 }
 
 // dilations notes the dilated convolutions, the structure a state dict

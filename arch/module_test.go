@@ -398,13 +398,14 @@ func TestModuleActivationSwap(t *testing.T) {
 	}
 }
 
-// TestTorchvisionSegmentation: torchvision 0.14's four segmentation models,
+// TestTorchvisionModules: torchvision 0.14's four segmentation models,
 // pickled whole at full size by real torch, are read as data through the
 // allowlist (nothing executed). The ResNet-based ones are rebuilt, named
 // and dilated as their constructors build them; the MobileNetV3-based ones
 // are refused as unsupported, naming what is missing. With aux_loss the
-// second head is refused, saying how to drop it.
-func TestTorchvisionSegmentation(t *testing.T) {
+// second head is refused, saying how to drop it. The other BatchNorm
+// classifiers are read as data too, and refused as unsupported by name.
+func TestTorchvisionModules(t *testing.T) {
 	const python = "/usr/bin/python3"
 	if testing.Short() {
 		t.Skip("runs PyTorch and writes 400 MB")
@@ -423,6 +424,35 @@ for name in sys.argv[2:]:
 	names := []string{"fcn_resnet50", "deeplabv3_resnet50", "lraspp_mobilenet_v3_large", "deeplabv3_mobilenet_v3_large", "deeplabv3_resnet50_aux"}
 	if out, err := exec.Command(python, append([]string{"-c", script, dir}, names...)...).CombinedOutput(); err != nil {
 		t.Fatalf("%v\n%s", err, out)
+	}
+	// The other BatchNorm classifiers, smallest of each family.
+	classifiers := map[string]string{"mobilenet_v2": "MobileNetV2", "mobilenet_v3_small": "MobileNetV3", "efficientnet_b0": "EfficientNet",
+		"efficientnet_v2_s": "EfficientNet", "regnet_y_400mf": "RegNet", "regnet_x_400mf": "RegNet", "shufflenet_v2_x0_5": "ShuffleNetV2",
+		"mnasnet0_5": "MNASNet", "googlenet": "GoogLeNet", "inception_v3": "Inception3"}
+	script = `import sys, torch, torchvision
+for name in sys.argv[2:]:
+    kw = {"init_weights": False} if name in ("googlenet", "inception_v3") else {}
+    torch.save(getattr(torchvision.models, name)(weights=None, **kw), sys.argv[1] + "/" + name + ".pth")
+`
+	var cl []string
+	for n := range classifiers {
+		cl = append(cl, n)
+	}
+	if out, err := exec.Command(python, append([]string{"-c", script, dir}, cl...)...).CombinedOutput(); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	for name, class := range classifiers {
+		t.Run(name, func(t *testing.T) {
+			ck, m, err := pth.OpenModule(filepath.Join(dir, name+".pth"))
+			if err != nil {
+				t.Fatalf("not read as data: %v", err)
+			}
+			defer ck.Close()
+			_, _, err = FromModule(m, ck, "auto")
+			if err == nil || !strings.Contains(err.Error(), "a whole pickled "+class+" was read as data, but") || failure.Of(err) != failure.Unsupported {
+				t.Fatalf("error %v (%v)", err, failure.Of(err))
+			}
+		})
 	}
 	for _, c := range []struct {
 		name, want string // want: the error, "" for none
