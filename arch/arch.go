@@ -1,14 +1,20 @@
-// Package arch recognises torchvision classification networks (ResNet and
-// its ResNeXt and wide variants, DenseNet, VGG with batch norm) from the keys
-// and shapes of a state dict, and builds the IR graph that mirrors
-// torchvision 0.14's forward for them.
+// Package arch recognises torchvision networks (ResNet and its ResNeXt and
+// wide variants, DenseNet, VGG with batch norm, and the FCN and DeepLabV3
+// segmentation models over a ResNet backbone) from the keys and shapes of a
+// state dict, or rebuilds them from a whole pickled module tree
+// (FromModule), and builds the IR graph that mirrors torchvision 0.14's
+// forward for them.
 //
-// Structure is read from the state dict, never assumed: block counts from
-// module indices, widths, groups and growth rates from weight shapes. A
-// network laid out like a torchvision model but with other widths or depths
-// is therefore accepted and described; only the hyper-parameters the state
-// dict cannot hold (kernel strides and paddings, BN eps and momentum, dropout
-// rates) are taken from torchvision.
+// From a state dict, structure is read from the keys, never assumed where
+// they can say it: block counts from module indices, widths, groups and
+// growth rates from weight shapes. A network laid out like a torchvision
+// model but with other widths or depths is therefore accepted and
+// described. What a state dict cannot hold (strides, paddings, dilations,
+// BN eps and momentum, dropout rates, ASPP rates) is taken from
+// torchvision's constructor defaults, and the match's notes say so: a
+// dilated ResNet has the same keys as a plain one. From a module tree,
+// every one of those attributes is read from the modules, and one that is
+// not understood is an error.
 package arch
 
 import (

@@ -444,6 +444,19 @@ func readLayer(m *pth.Module) (graph.Op, graph.Attr, error) {
 			return "", a, fmt.Errorf("p is %s, not a probability", describe(m.Attr("p")))
 		}
 		return graph.OpDropout, a, nil
+	case "Upsample":
+		if err := checkAttrs(m, "name", "size", "scale_factor", "mode", "align_corners", "recompute_scale_factor"); err != nil {
+			return "", a, err
+		}
+		mode, ok := m.Attr("mode").(string)
+		if !ok {
+			return "", a, fmt.Errorf("mode is %s, not a string", describe(m.Attr("mode")))
+		}
+		// The IR's Resize follows another tensor's size, as torchvision's
+		// segmentation heads do; a module that resizes to a fixed size or
+		// by a scale has no such tensor.
+		return "", a, failure.Unsupportedf("Upsample(size=%s, scale_factor=%s, mode=%s, align_corners=%s): resizing to a fixed size or by a scale factor is not modelled (the IR resizes to another tensor's size only)",
+			describe(m.Attr("size")), describe(m.Attr("scale_factor")), describe(mode), describe(m.Attr("align_corners")))
 	}
 	return "", a, failure.Unsupportedf("%s is not a layer abnconvert's IR models yet", m.Class)
 }

@@ -350,6 +350,8 @@ func TestModuleRefusals(t *testing.T) {
 		{"pool kernel", hand(seq(conv(nil), mod("torch.nn.modules.pooling.AvgPool2d", map[string]pth.Value{"kernel_size": "x"}))), "kernel_size is 'x'", bad},
 		{"relu inplace", hand(seq(conv(nil), mod("torch.nn.modules.activation.ReLU", map[string]pth.Value{"inplace": i(1)}))), "inplace is 1, not a bool", bad},
 		{"dropout p", hand(seq(conv(nil), mod("torch.nn.modules.dropout.Dropout", map[string]pth.Value{"p": 1.5, "inplace": false}))), "p is 1.5, not a probability", bad},
+		{"upsample", hand(seq(conv(nil), mod("torch.nn.modules.upsampling.Upsample", map[string]pth.Value{"name": "Upsample", "size": nil, "scale_factor": 2.0, "mode": "bilinear", "align_corners": false, "recompute_scale_factor": nil}))),
+			"1 (Upsample): Upsample(size=None, scale_factor=2, mode='bilinear', align_corners=False): resizing to a fixed size or by a scale factor is not modelled", unsupported},
 		{"hardswish", hand(seq(conv(nil), mod("torch.nn.modules.activation.Hardswish", map[string]pth.Value{"inplace": false}))), "Hardswish is not a layer abnconvert's IR models yet", unsupported},
 		{"resnet reflect padding", resnet("layer3.1.conv2", func(m *pth.Module) { m.Attrs["padding_mode"] = "reflect" }), `layer3.1.conv2 (Conv2d): padding_mode "reflect"`, unsupported},
 		{"resnet unknown bn attribute", resnet("layer4.1.bn2", func(m *pth.Module) { m.Attrs["frozen"] = true }), "layer4.1.bn2 (BatchNorm2d): attribute frozen = True", unsupported},
