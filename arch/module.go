@@ -165,6 +165,9 @@ func FromModule(m *pth.Module, w graph.Weights, force string) (*graph.Graph, *Ma
 		}
 		return g, match, nil
 	}
+	if root, ok := treeRoots[m.Class]; ok {
+		return fromTree(m, w, root)
+	}
 	if why, ok := notBuilt[m.Class]; ok {
 		return nil, nil, failure.Unsupportedf("a whole pickled %s was read as data, but %s; until then, export it with torch.onnx.export(..., training=torch.onnx.TrainingMode.PRESERVE) and use --graph", m.ShortClass(), why)
 	}
@@ -206,10 +209,7 @@ var notBuilt = map[string]string{
 	"torchvision.models.mobilenetv2.MobileNetV2": "abnconvert does not rebuild MobileNetV2's forward yet: it needs ReLU6 (Hardtanh) and inverted-residual adds",
 	"torchvision.models.efficientnet.EfficientNet": "abnconvert does not rebuild EfficientNet's forward yet: it needs SiLU, squeeze-and-excitation gates " +
 		"(adaptive average pooling, Sigmoid, a broadcasting Mul) and StochasticDepth",
-	"torchvision.models.regnet.RegNet": "abnconvert does not rebuild RegNet's forward yet: RegNetY needs squeeze-and-excitation gates " +
-		"(adaptive average pooling, Sigmoid, a broadcasting Mul); RegNetX's blocks are not built either",
 	"torchvision.models.shufflenetv2.ShuffleNetV2": "abnconvert does not rebuild ShuffleNetV2's forward yet: it needs the channel split (chunk) and shuffle (Reshape, Transpose)",
-	"torchvision.models.mnasnet.MNASNet":           "abnconvert does not rebuild MNASNet's forward yet",
 	"torchvision.models.googlenet.GoogLeNet": "abnconvert does not rebuild GoogLeNet's forward yet: it needs transform_input's per-channel affine, " +
 		"and its auxiliary classifiers are second outputs in training",
 	"torchvision.models.inception.Inception3": "abnconvert does not rebuild Inception3's forward yet: it needs transform_input's per-channel affine, " +
@@ -731,9 +731,9 @@ type chainBuilder struct {
 	layers int
 }
 
-func (b *chainBuilder) chain(m *pth.Module, prefix string) error {
-	if err := checkAttrs(m); err != nil {
-		return fmt.Errorf("%s (Sequential): %w", strings.TrimSuffix(prefix, "."), err)
+func (b *chainBuilder) chain(m *pth.Module, prefix string, known ...string) error {
+	if err := checkAttrs(m, known...); err != nil {
+		return fmt.Errorf("%s (%s): %w", strings.TrimSuffix(prefix, "."), m.ShortClass(), err)
 	}
 	for _, c := range m.Children {
 		path := prefix + c.Name
@@ -747,6 +747,12 @@ func (b *chainBuilder) chain(m *pth.Module, prefix string) error {
 func (b *chainBuilder) layer(m *pth.Module, path string) error {
 	if m.Class == classSequential {
 		return b.chain(m, path+".")
+	}
+	if f, ok := blocks[m.Class]; ok {
+		return f(b, m, path)
+	}
+	if why, ok := notModelled[m.Class]; ok {
+		return failure.Unsupportedf("%s", why)
 	}
 	if len(m.Children) > 0 {
 		return failure.Unsupportedf("a %s with children inside nn.Sequential is not a chain layer; save the torchvision model itself, or use --graph", m.Class)
@@ -794,6 +800,9 @@ func (b *chainBuilder) layer(m *pth.Module, path string) error {
 		ch = 0
 	case graph.OpLinear:
 		attr.Bias = params[graph.RoleBias] != ""
+		if ch != 0 && attr.InChannels != ch {
+			return fmt.Errorf("in_features %d, but %d features reach it", attr.InChannels, ch)
+		}
 		ch = attr.OutChannels
 	}
 	for role := range params {

@@ -236,7 +236,7 @@ func TestModulesInTorch(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	for _, name := range []string{"dilated_module", "fcn_module", "deeplab_module"} {
+	for _, name := range []string{"dilated_module", "fcn_module", "deeplab_module", "regnet_module", "mnasnet_module"} {
 		t.Run(name, func(t *testing.T) {
 			ck, m := openModule(t, name)
 			g, _, err := FromModule(m, ck, "auto")
@@ -428,9 +428,12 @@ for name in sys.argv[2:]:
 		t.Fatalf("%v\n%s", err, out)
 	}
 	// The other BatchNorm classifiers, smallest of each family.
-	classifiers := map[string]string{"mobilenet_v2": "MobileNetV2", "mobilenet_v3_small": "MobileNetV3", "efficientnet_b0": "EfficientNet",
-		"efficientnet_v2_s": "EfficientNet", "regnet_y_400mf": "RegNet", "regnet_x_400mf": "RegNet", "shufflenet_v2_x0_5": "ShuffleNetV2",
-		"mnasnet0_5": "MNASNet", "googlenet": "GoogLeNet", "inception_v3": "Inception3"}
+	// want: "" when rebuilt, else the start of the error.
+	classifiers := map[string]string{"mobilenet_v2": "a whole pickled MobileNetV2 was read as data, but", "mobilenet_v3_small": "a whole pickled MobileNetV3 was read as data, but",
+		"efficientnet_b0": "a whole pickled EfficientNet was read as data, but", "efficientnet_v2_s": "a whole pickled EfficientNet was read as data, but",
+		"regnet_y_400mf": "trunk_output.block1.block1-0.f.se (SqueezeExcitation): squeeze-and-excitation", "regnet_x_400mf": "",
+		"shufflenet_v2_x0_5": "a whole pickled ShuffleNetV2 was read as data, but", "mnasnet0_5": "",
+		"googlenet": "a whole pickled GoogLeNet was read as data, but", "inception_v3": "a whole pickled Inception3 was read as data, but"}
 	script = `import sys, torch, torchvision
 for name in sys.argv[2:]:
     kw = {"init_weights": False} if name in ("googlenet", "inception_v3") else {}
@@ -443,16 +446,23 @@ for name in sys.argv[2:]:
 	if out, err := exec.Command(python, append([]string{"-c", script, dir}, cl...)...).CombinedOutput(); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	for name, class := range classifiers {
+	for name, want := range classifiers {
 		t.Run(name, func(t *testing.T) {
 			ck, m, err := pth.OpenModule(filepath.Join(dir, name+".pth"))
 			if err != nil {
 				t.Fatalf("not read as data: %v", err)
 			}
 			defer ck.Close()
-			_, _, err = FromModule(m, ck, "auto")
-			if err == nil || !strings.Contains(err.Error(), "a whole pickled "+class+" was read as data, but") || failure.Of(err) != failure.Unsupported {
-				t.Fatalf("error %v (%v)", err, failure.Of(err))
+			g, _, err := FromModule(m, ck, "auto")
+			if want == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				checkCoverage(t, g, ck)
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), want) || failure.Of(err) != failure.Unsupported {
+				t.Fatalf("error %v (%v), want %q", err, failure.Of(err), want)
 			}
 		})
 	}
@@ -496,6 +506,35 @@ for name in sys.argv[2:]:
 			}
 			if a, b := strings.SplitN(sg.String(), "\n", 2)[1], strings.SplitN(g.String(), "\n", 2)[1]; a != b {
 				t.Errorf("the state dict's graph differs from the module's")
+			}
+		})
+	}
+}
+
+// TestTreeModules: RegNet and MNASNet, whose state dicts are not
+// recognised, are rebuilt from their pickled module trees alone and
+// compute what torch computed (golden within 1e-4).
+func TestTreeModules(t *testing.T) {
+	for _, c := range []struct{ name, arch string }{
+		{"regnet_module", "regnet ("},
+		{"mnasnet_module", "mnasnet ("},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			gold := readStructureGolden(t, c.name)
+			ck, m := openModule(t, c.name)
+			g, match, err := FromModule(m, ck, "auto")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.HasPrefix(match.Arch, c.arch) {
+				t.Errorf("arch %q", match.Arch)
+			}
+			checkCoverage(t, g, ck)
+			if countOps(g)[graph.OpAdd] == 0 {
+				t.Error("no residual adds")
+			}
+			if e := relErr(eval(t, g, ck, gold.InputShape, gold.Input), gold.Output); e > 1e-4 {
+				t.Errorf("eval output rel %.2e against torch", e)
 			}
 		})
 	}

@@ -106,7 +106,13 @@ func (g *convGeom) im2col(src, col []float32) {
 					clear(dst[hi:])
 					off := b*dw - pw
 					if sw == 1 {
-						copy(dst[lo:hi], srow[lo+off:hi+off])
+						// lo == hi when this kernel column misses the
+						// image for every output column (a kernel wider
+						// than the padded input): lo+off may then be
+						// negative.
+						if lo < hi {
+							copy(dst[lo:hi], srow[lo+off:hi+off])
+						}
 						continue
 					}
 					for ow := lo; ow < hi; ow++ {
@@ -138,9 +144,11 @@ func (g *convGeom) col2im(col, dst []float32) {
 					src := row[oh*g.ow : (oh+1)*g.ow]
 					drow := plane[ih*g.w : (ih+1)*g.w]
 					if sw == 1 {
-						d := drow[lo+off : hi+off]
-						for j, v := range src[lo:hi] {
-							d[j] += v
+						if lo < hi {
+							d := drow[lo+off : hi+off]
+							for j, v := range src[lo:hi] {
+								d[j] += v
+							}
 						}
 						continue
 					}

@@ -469,3 +469,65 @@ func TestSharedBackend(t *testing.T) {
 		}
 	}
 }
+
+// TestConvKernelWiderThanInput: a 5x5 convolution with padding 2 over a
+// 1x1 or 1x2 input (MNASNet's depthwise 5x5 layers at a small resolution)
+// has kernel columns that miss the image for every output column; forward
+// and backward must skip them (they once sliced out of range), and compute
+// what the direct sum gives.
+func TestConvKernelWiderThanInput(t *testing.T) {
+	for _, wd := range []int{1, 2} {
+		h := newHand(2)
+		h.conv("conv", h.g.Input, 2, 3, 5, 2)
+		w, _ := h.w.Values("conv.weight")
+		x := NewHostTensor(1, 2, 1, wd)
+		for i := range x.Data {
+			x.Data[i] = float32(i) - 0.5
+		}
+		e, err := New(h.g, h.w, NewCPU(1), Options{GradInEval: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := e.Forward(x, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// y[o][j] = sum over c, input column i of w[o][c][2][i-j+2] x[c][i].
+		at := func(o, c, kh, kw int) float64 { return w[((o*2+c)*5+kh)*5+kw] }
+		for o := 0; o < 3; o++ {
+			for j := 0; j < wd; j++ {
+				want := 0.0
+				for c := 0; c < 2; c++ {
+					for i := 0; i < wd; i++ {
+						want += at(o, c, 2, i-j+2) * float64(x.Data[c*wd+i])
+					}
+				}
+				if got := float64(out.Data[o*wd+j]); math.Abs(got-want) > 1e-5 {
+					t.Errorf("width %d: y[%d][%d] = %g, want %g", wd, o, j, got, want)
+				}
+			}
+		}
+		dy := NewHostTensor(1, 3, 1, wd)
+		for i := range dy.Data {
+			dy.Data[i] = 1
+		}
+		dx, _, err := e.Backward(dy)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for c := 0; c < 2; c++ {
+			for i := 0; i < wd; i++ {
+				want := 0.0
+				for o := 0; o < 3; o++ {
+					for j := 0; j < wd; j++ {
+						want += at(o, c, 2, i-j+2)
+					}
+				}
+				if got := float64(dx.Data[c*wd+i]); math.Abs(got-want) > 1e-5 {
+					t.Errorf("width %d: dx[%d][%d] = %g, want %g", wd, c, i, got, want)
+				}
+			}
+		}
+		e.Close()
+	}
+}

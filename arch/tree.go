@@ -1,0 +1,216 @@
+package arch
+
+import (
+	"fmt"
+
+	"github.com/abnconvert/abnconvert/failure"
+	"github.com/abnconvert/abnconvert/graph"
+	"github.com/abnconvert/abnconvert/pth"
+)
+
+// Networks rebuilt from the module tree alone: their state dicts are not
+// recognised, but a whole pickled instance is walked module by module, each
+// torchvision block class with the forward torchvision 0.14 gives it, each
+// torch.nn layer read as in an nn.Sequential chain.
+
+// treeRoot is the forward of a model class around its children.
+type treeRoot struct {
+	title string
+	attrs []string
+	build func(b *chainBuilder, m *pth.Module) error
+}
+
+var treeRoots = map[string]treeRoot{
+	"torchvision.models.mnasnet.MNASNet": {title: "mnasnet", attrs: []string{"alpha", "num_classes"}, build: mnasnetForward},
+	"torchvision.models.regnet.RegNet":   {title: "regnet", build: regnetForward},
+}
+
+// blocks are the torchvision block classes a tree may hold, anywhere.
+var blocks map[string]func(b *chainBuilder, m *pth.Module, path string) error
+
+// notModelled names block classes whose computation the IR lacks.
+var notModelled = map[string]string{
+	"torchvision.ops.misc.SqueezeExcitation":           "squeeze-and-excitation (adaptive average pooling, a Sigmoid gate, a broadcasting Mul) is not modelled yet",
+	"torchvision.ops.stochastic_depth.StochasticDepth": "StochasticDepth is not modelled yet",
+}
+
+func init() {
+	seq := func(known ...string) func(b *chainBuilder, m *pth.Module, path string) error {
+		return func(b *chainBuilder, m *pth.Module, path string) error { return b.chain(m, path+".", known...) }
+	}
+	blocks = map[string]func(b *chainBuilder, m *pth.Module, path string) error{
+		// nn.Sequential subclasses: their children in order.
+		"torchvision.ops.misc.Conv2dNormActivation":     seq("out_channels"),
+		"torchvision.models.regnet.SimpleStemIN":        seq("out_channels"),
+		"torchvision.models.regnet.BottleneckTransform": seq(),
+		"torchvision.models.regnet.AnyStage":            seq(),
+		"torchvision.models.mnasnet._InvertedResidual":  mnasnetBlock,
+		"torchvision.models.regnet.ResBottleneckBlock":  regnetBlock,
+	}
+}
+
+// fromTree builds a graph from a module tree whose every module the
+// builder visits.
+func fromTree(m *pth.Module, w graph.Weights, root treeRoot) (*graph.Graph, *Match, error) {
+	b := &chainBuilder{w: w, used: map[string]bool{}}
+	if err := checkAttrs(m, root.attrs...); err != nil {
+		return nil, nil, fmt.Errorf("whole pickled %s: %w", m.ShortClass(), err)
+	}
+	if err := root.build(b, m); err != nil {
+		return nil, nil, fmt.Errorf("whole pickled %s: %w", m.ShortClass(), err)
+	}
+	var extra []string
+	for _, k := range w.Keys() {
+		if !b.used[k] {
+			extra = append(extra, k)
+		}
+	}
+	if len(extra) > 0 {
+		return nil, nil, fmt.Errorf("whole pickled %s: the state dict holds tensors no module of the forward uses: %s", m.ShortClass(), firstFew(extra, 6))
+	}
+	if err := b.g.Validate(); err != nil {
+		return nil, nil, failure.Internalf("whole pickled %s: built graph is invalid: %w", m.ShortClass(), err)
+	}
+	match := &Match{Arch: fmt.Sprintf("%s (%d layers)", root.title, b.layers), Family: root.title,
+		Notes: []string{fmt.Sprintf("structure from the pickled %s instance: its forward rebuilt module by module, every layer's attributes read from its modules", m.Class)}}
+	b.g.Arch = match.Arch
+	return b.g, match, nil
+}
+
+// children returns m's children by name and refuses any but names
+// (optional ones may be absent, or None).
+func children(m *pth.Module, names ...string) (map[string]*pth.Module, error) {
+	out := map[string]*pth.Module{}
+	for _, c := range m.Children {
+		if !contains(names, c.Name) {
+			return nil, failure.Unsupportedf("child %q is not one torchvision's %s has (%v); a modified network needs --graph", c.Name, m.ShortClass(), names)
+		}
+		out[c.Name] = c.Module
+	}
+	return out, nil
+}
+
+func join(path, name string) string {
+	if path == "" {
+		return name
+	}
+	return path + "." + name
+}
+
+// run applies child name of m, which must exist.
+func (b *chainBuilder) run(m *pth.Module, kids map[string]*pth.Module, path, name string) error {
+	c := kids[name]
+	if c == nil {
+		return fmt.Errorf("%s has no child %q", m.ShortClass(), name)
+	}
+	p := join(path, name)
+	if err := b.layer(c, p); err != nil {
+		return fmt.Errorf("%s (%s): %w", p, c.ShortClass(), err)
+	}
+	return nil
+}
+
+// globalPool adds adaptive average pooling to 1x1 and a flatten, which
+// x.mean([2, 3]) and avgpool + torch.flatten(x, 1) both are.
+func (b *chainBuilder) globalPool(pool string, module bool) {
+	c := b.cur.Channels
+	if !module {
+		b.cur = b.g.Add(pool, graph.OpAdaptiveAvgPool, graph.Attr{OutputSize: [2]int{1, 1}}, nil, b.cur)
+		b.cur.Channels = c
+	}
+	b.cur = b.g.Add("flatten", graph.OpFlatten, graph.Attr{StartDim: 1}, nil, b.cur)
+	b.cur.Channels = c
+}
+
+// mnasnetForward: layers, x.mean([2, 3]), classifier.
+func mnasnetForward(b *chainBuilder, m *pth.Module) error {
+	kids, err := children(m, "layers", "classifier")
+	if err != nil {
+		return err
+	}
+	if err := b.run(m, kids, "", "layers"); err != nil {
+		return err
+	}
+	b.globalPool("mean", false)
+	return b.run(m, kids, "", "classifier")
+}
+
+// mnasnetBlock: layers(x), plus x when apply_residual.
+func mnasnetBlock(b *chainBuilder, m *pth.Module, path string) error {
+	if err := checkAttrs(m, "apply_residual"); err != nil {
+		return err
+	}
+	res, ok := m.Attr("apply_residual").(bool)
+	if !ok {
+		return fmt.Errorf("apply_residual is %s, not a bool", describe(m.Attr("apply_residual")))
+	}
+	kids, err := children(m, "layers")
+	if err != nil {
+		return err
+	}
+	x := b.cur
+	if err := b.run(m, kids, path, "layers"); err != nil {
+		return err
+	}
+	if res {
+		if b.cur.Channels != x.Channels {
+			return fmt.Errorf("apply_residual with %d channels in and %d out", x.Channels, b.cur.Channels)
+		}
+		c := b.cur.Channels
+		b.cur = b.g.Add(path+".add", graph.OpAdd, graph.Attr{}, nil, b.cur, x)
+		b.cur.Channels = c
+	}
+	return nil
+}
+
+// regnetForward: stem, trunk_output, avgpool, flatten, fc.
+func regnetForward(b *chainBuilder, m *pth.Module) error {
+	kids, err := children(m, "stem", "trunk_output", "avgpool", "fc")
+	if err != nil {
+		return err
+	}
+	for _, name := range []string{"stem", "trunk_output", "avgpool"} {
+		if err := b.run(m, kids, "", name); err != nil {
+			return err
+		}
+	}
+	if b.cur.Producer.Op != graph.OpAdaptiveAvgPool || b.cur.Producer.Attr.OutputSize != [2]int{1, 1} {
+		return failure.Unsupportedf("avgpool is not AdaptiveAvgPool2d((1, 1))")
+	}
+	b.globalPool("avgpool", true)
+	return b.run(m, kids, "", "fc")
+}
+
+// regnetBlock: activation(proj(x) + f(x)), or activation(x + f(x)) when
+// proj is None.
+func regnetBlock(b *chainBuilder, m *pth.Module, path string) error {
+	if err := checkAttrs(m, "proj"); err != nil {
+		return err
+	}
+	if v, ok := m.Attrs["proj"]; ok && v != nil {
+		return fmt.Errorf("proj is %s", describe(v))
+	}
+	kids, err := children(m, "proj", "f", "activation")
+	if err != nil {
+		return err
+	}
+	x := b.cur
+	short := x
+	if kids["proj"] != nil {
+		if err := b.run(m, kids, path, "proj"); err != nil {
+			return err
+		}
+		short = b.cur
+		b.cur = x
+	}
+	if err := b.run(m, kids, path, "f"); err != nil {
+		return err
+	}
+	if short.Channels != b.cur.Channels {
+		return fmt.Errorf("the shortcut has %d channels, f %d", short.Channels, b.cur.Channels)
+	}
+	c := b.cur.Channels
+	b.cur = b.g.Add(path+".add", graph.OpAdd, graph.Attr{}, nil, short, b.cur)
+	b.cur.Channels = c
+	return b.run(m, kids, path, "activation")
+}
