@@ -220,9 +220,13 @@ var assumed = map[string]string{
 }
 
 func assumedNote(family string) string {
+	otherwise := "a dilated backbone, other strides"
+	if family == FamilySegmentation {
+		otherwise = "other dilations or ASPP rates, other strides"
+	}
 	return fmt.Sprintf("%s from torchvision's constructor defaults: %s; a state dict holds no strides, paddings or dilations, so a network built otherwise "+
-		"(a dilated backbone, other strides) has the same keys and shapes and would be converted wrongly: for anything else give the structure with "+
-		"--graph model.onnx (torch.onnx.export with training=torch.onnx.TrainingMode.PRESERVE) or convert the whole pickled module (torch.save(model))", assumedPrefix, assumed[family])
+		"(%s) has the same keys and shapes and would be converted wrongly: for anything else give the structure with "+
+		"--graph model.onnx (torch.onnx.export with training=torch.onnx.TrainingMode.PRESERVE) or convert the whole pickled module (torch.save(model))", assumedPrefix, assumed[family], otherwise)
 }
 
 // build reads the state dict as family below prefix. Match.Arch is the

@@ -160,8 +160,8 @@ func TestSegmentationModules(t *testing.T) {
 		rates  []int // ASPP rates of the module
 		resize int
 	}{
-		{"fcn_module", "fcn (backbone resnet (Bottleneck [1 1 2 2], width 4, replace_stride_with_dilation [false true true], groups 2, width_per_group 32), 3 classes)", nil, 1},
-		{"deeplab_module", "deeplabv3 (backbone resnet (Bottleneck [1 1 2 2], width 4, replace_stride_with_dilation [false true true], groups 2, width_per_group 32), 3 classes)", []int{2, 3, 5}, 2},
+		{"fcn_module", "fcn (backbone resnet (Bottleneck [1 1 2 2], width 4, replace_stride_with_dilation [False, True, True], groups 2, width_per_group 32), 3 classes)", nil, 1},
+		{"deeplab_module", "deeplabv3 (backbone resnet (Bottleneck [1 1 2 2], width 4, replace_stride_with_dilation [False, True, True], groups 2, width_per_group 32), 3 classes)", []int{2, 3, 5}, 2},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			ck, m := openModule(t, c.name)

@@ -188,7 +188,8 @@ func (s *resnetShape) describe() string {
 	}
 	d := fmt.Sprintf("resnet (%s %s, width %d", block, joinInts(s.layers[:]), s.stem)
 	if s.dilate != [3]bool{} {
-		d += fmt.Sprintf(", replace_stride_with_dilation %v", s.dilate[:])
+		py := map[bool]string{false: "False", true: "True"}
+		d += fmt.Sprintf(", replace_stride_with_dilation [%s, %s, %s]", py[s.dilate[0]], py[s.dilate[1]], py[s.dilate[2]])
 	}
 	if s.irregular {
 		return d + ", widths differ between blocks of one layer)"
