@@ -236,7 +236,7 @@ func TestModulesInTorch(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	for _, name := range []string{"dilated_module", "fcn_module", "deeplab_module", "regnet_module", "mnasnet_module"} {
+	for _, name := range []string{"dilated_module", "fcn_module", "deeplab_module", "regnet_module", "mnasnet_module", "googlenet_module"} {
 		t.Run(name, func(t *testing.T) {
 			ck, m := openModule(t, name)
 			g, _, err := FromModule(m, ck, "auto")
@@ -433,7 +433,7 @@ for name in sys.argv[2:]:
 		"efficientnet_b0": "a whole pickled EfficientNet was read as data, but", "efficientnet_v2_s": "a whole pickled EfficientNet was read as data, but",
 		"regnet_y_400mf": "trunk_output.block1.block1-0.f.se (SqueezeExcitation): squeeze-and-excitation", "regnet_x_400mf": "",
 		"shufflenet_v2_x0_5": "a whole pickled ShuffleNetV2 was read as data, but", "mnasnet0_5": "",
-		"googlenet": "a whole pickled GoogLeNet was read as data, but", "inception_v3": "a whole pickled Inception3 was read as data, but"}
+		"googlenet": "aux_logits True: the auxiliary classifiers are second and third outputs", "inception_v3": "a whole pickled Inception3 was read as data, but"}
 	script = `import sys, torch, torchvision
 for name in sys.argv[2:]:
     kw = {"init_weights": False} if name in ("googlenet", "inception_v3") else {}
@@ -511,13 +511,14 @@ for name in sys.argv[2:]:
 	}
 }
 
-// TestTreeModules: RegNet and MNASNet, whose state dicts are not
+// TestTreeModules: RegNet, MNASNet and GoogLeNet, whose state dicts are not
 // recognised, are rebuilt from their pickled module trees alone and
 // compute what torch computed (golden within 1e-4).
 func TestTreeModules(t *testing.T) {
 	for _, c := range []struct{ name, arch string }{
 		{"regnet_module", "regnet ("},
 		{"mnasnet_module", "mnasnet ("},
+		{"googlenet_module", "googlenet ("},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			gold := readStructureGolden(t, c.name)
@@ -530,8 +531,8 @@ func TestTreeModules(t *testing.T) {
 				t.Errorf("arch %q", match.Arch)
 			}
 			checkCoverage(t, g, ck)
-			if countOps(g)[graph.OpAdd] == 0 {
-				t.Error("no residual adds")
+			if countOps(g)[graph.OpAdd]+countOps(g)[graph.OpConcat] == 0 {
+				t.Error("no residual adds or concatenations")
 			}
 			if e := relErr(eval(t, g, ck, gold.InputShape, gold.Input), gold.Output); e > 1e-4 {
 				t.Errorf("eval output rel %.2e against torch", e)

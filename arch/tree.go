@@ -23,6 +23,8 @@ type treeRoot struct {
 var treeRoots = map[string]treeRoot{
 	"torchvision.models.mnasnet.MNASNet": {title: "mnasnet", attrs: []string{"alpha", "num_classes"}, build: mnasnetForward},
 	"torchvision.models.regnet.RegNet":   {title: "regnet", build: regnetForward},
+	"torchvision.models.googlenet.GoogLeNet": {title: "googlenet", attrs: []string{"aux_logits", "transform_input", "aux1", "aux2"},
+		build: googlenetForward},
 }
 
 // blocks are the torchvision block classes a tree may hold, anywhere.
@@ -46,6 +48,8 @@ func init() {
 		"torchvision.models.regnet.AnyStage":            seq(),
 		"torchvision.models.mnasnet._InvertedResidual":  mnasnetBlock,
 		"torchvision.models.regnet.ResBottleneckBlock":  regnetBlock,
+		"torchvision.models.googlenet.BasicConv2d":      basicConv,
+		"torchvision.models.googlenet.Inception":        inceptionBlock,
 	}
 }
 
@@ -213,4 +217,83 @@ func regnetBlock(b *chainBuilder, m *pth.Module, path string) error {
 	b.cur = b.g.Add(path+".add", graph.OpAdd, graph.Attr{}, nil, short, b.cur)
 	b.cur.Channels = c
 	return b.run(m, kids, path, "activation")
+}
+
+// googlenetForward is GoogLeNet's eval and training forward without
+// auxiliary classifiers (aux_logits=False) and without transform_input.
+func googlenetForward(b *chainBuilder, m *pth.Module) error {
+	if tr, ok := m.Attr("transform_input").(bool); !ok || tr {
+		return failure.Unsupportedf("transform_input %s: the per-channel input affine is not modelled; save the model with transform_input=False and normalise the input yourself",
+			describe(m.Attr("transform_input")))
+	}
+	order := []string{"conv1", "maxpool1", "conv2", "conv3", "maxpool2", "inception3a", "inception3b", "maxpool3",
+		"inception4a", "inception4b", "inception4c", "inception4d", "inception4e", "maxpool4", "inception5a", "inception5b", "avgpool", "dropout", "fc"}
+	kids, err := children(m, append(order, "aux1", "aux2")...)
+	if err != nil {
+		return err
+	}
+	if kids["aux1"] != nil || kids["aux2"] != nil || m.Attr("aux_logits") != false {
+		// In training, GoogLeNet returns the auxiliary logits too.
+		return failure.Unsupportedf("aux_logits %s: the auxiliary classifiers are second and third outputs in training, which abnconvert's graph cannot hold yet; "+
+			"set model.aux_logits = False; model.aux1 = model.aux2 = None and save again", describe(m.Attr("aux_logits")))
+	}
+	for _, name := range order {
+		if err := b.run(m, kids, "", name); err != nil {
+			return err
+		}
+		if name == "avgpool" {
+			if b.cur.Producer.Attr.OutputSize != [2]int{1, 1} {
+				return failure.Unsupportedf("avgpool is not AdaptiveAvgPool2d((1, 1))")
+			}
+			b.globalPool("avgpool", true)
+		}
+	}
+	return nil
+}
+
+// basicConv is GoogLeNet's BasicConv2d: conv, bn, then F.relu.
+func basicConv(b *chainBuilder, m *pth.Module, path string) error {
+	if err := checkAttrs(m); err != nil {
+		return err
+	}
+	kids, err := children(m, "conv", "bn")
+	if err != nil {
+		return err
+	}
+	for _, name := range []string{"conv", "bn"} {
+		if err := b.run(m, kids, path, name); err != nil {
+			return err
+		}
+	}
+	c := b.cur.Channels
+	b.cur = b.g.Add(path+".relu", graph.OpReLU, graph.Attr{}, nil, b.cur)
+	b.cur.Channels = c
+	return nil
+}
+
+// inceptionBlock is GoogLeNet's Inception: four branches over the same
+// input, concatenated in order.
+func inceptionBlock(b *chainBuilder, m *pth.Module, path string) error {
+	if err := checkAttrs(m); err != nil {
+		return err
+	}
+	names := []string{"branch1", "branch2", "branch3", "branch4"}
+	kids, err := children(m, names...)
+	if err != nil {
+		return err
+	}
+	x := b.cur
+	var outs []*graph.Value
+	sum := 0
+	for _, name := range names {
+		b.cur = x
+		if err := b.run(m, kids, path, name); err != nil {
+			return err
+		}
+		outs = append(outs, b.cur)
+		sum += b.cur.Channels
+	}
+	b.cur = b.g.Add(path+".cat", graph.OpConcat, graph.Attr{Axis: 1}, nil, outs...)
+	b.cur.Channels = sum
+	return nil
 }
