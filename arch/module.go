@@ -138,6 +138,16 @@ func FromModule(m *pth.Module, w graph.Weights, force string) (*graph.Graph, *Ma
 		} else {
 			g, match, err = Recognize(w, force)
 		}
+		if err != nil && fam == FamilyResNet {
+			// Not torchvision's layout (a replaced head, say): the
+			// forward is still ResNet's, over whatever modules it has.
+			g, match, terr := fromTree(m, w, resnetTree)
+			if terr != nil {
+				return nil, nil, fmt.Errorf("whole pickled %s: its state dict is not torchvision's layout (%w), and its module tree does not fit ResNet's forward: %w", m.ShortClass(), err, terr)
+			}
+			match.Notes = append(match.Notes, fmt.Sprintf("the state dict is not torchvision's layout (%v): ResNet's forward rebuilt over the modules the tree holds", err))
+			return g, match, nil
+		}
 		if err != nil {
 			return nil, nil, fmt.Errorf("whole pickled %s: %w", m.ShortClass(), err)
 		}
@@ -145,6 +155,14 @@ func FromModule(m *pth.Module, w graph.Weights, force string) (*graph.Graph, *Ma
 			return nil, nil, fmt.Errorf("whole pickled %s: its state dict was recognised as %s, another family", m.ShortClass(), match.Arch)
 		}
 		if err := overlay(g, m, containers[fam]); err != nil {
+			if fam == FamilyResNet {
+				// A replaced layer (an AvgPool2d for the max pool, say):
+				// ResNet's forward over the modules the tree holds.
+				if tg, tm, terr := fromTree(m, w, resnetTree); terr == nil {
+					tm.Notes = append(tm.Notes, fmt.Sprintf("not torchvision's layers (%v): ResNet's forward rebuilt over the modules the tree holds", err))
+					return tg, tm, nil
+				}
+			}
 			return nil, nil, fmt.Errorf("whole pickled %s: %w", m.ShortClass(), err)
 		}
 		// The state dict's assumption no longer applies: drop its note.
@@ -808,6 +826,9 @@ func (b *chainBuilder) layer(m *pth.Module, path string) error {
 			return fmt.Errorf("has a tensor %q, which a %s does not own", role, op)
 		}
 	}
+	if err := checkShapes(b.w, op, attr, params); err != nil {
+		return err
+	}
 	if len(params) == 0 {
 		params = nil
 	}
@@ -850,6 +871,54 @@ func recognizeSegmentation(w graph.Weights, keys []string) (*graph.Graph, *Match
 func noDownsampleAttr(m *pth.Module) error {
 	if v, ok := m.Attrs["downsample"]; ok && v != nil {
 		return fmt.Errorf("downsample is %s", describe(v))
+	}
+	return nil
+}
+
+// checkShapes compares a layer's tensors with the shapes its attributes
+// imply: the module's attributes, not its tensors, give the graph, so a
+// module whose two disagree is refused here rather than in the runtime.
+func checkShapes(w graph.Weights, op graph.Op, a graph.Attr, params map[string]string) error {
+	want := map[string][]int{}
+	switch op {
+	case graph.OpConv:
+		want[graph.RoleWeight] = []int{a.OutChannels, a.InChannels / a.Groups, a.KernelSize[0], a.KernelSize[1]}
+		want[graph.RoleBias] = []int{a.OutChannels}
+	case graph.OpLinear:
+		want[graph.RoleWeight] = []int{a.OutChannels, a.InChannels}
+		want[graph.RoleBias] = []int{a.OutChannels}
+	case graph.OpBatchNorm:
+		for _, r := range []string{graph.RoleWeight, graph.RoleBias, graph.RoleRunningMean, graph.RoleRunningVar} {
+			want[r] = []int{a.Features}
+		}
+	}
+	for role, s := range want {
+		key, ok := params[role]
+		if !ok {
+			if role == graph.RoleBias && (op == graph.OpConv || op == graph.OpLinear) {
+				continue
+			}
+			return fmt.Errorf("has no tensor %q", role)
+		}
+		got, ok := w.Shape(key)
+		if !ok {
+			return fmt.Errorf("%s is not in the state dict", key)
+		}
+		if !sameShape(got, s) {
+			return fmt.Errorf("%s has shape %v, but the module's attributes give %v", key, got, s)
+		}
+	}
+	if op.IsBNFamily() {
+		if key, ok := params[graph.RoleNumBatches]; ok {
+			if got, _ := w.Shape(key); graph.Numel(got) != 1 || len(got) > 1 {
+				return fmt.Errorf("%s has shape %v, expected a scalar", key, got)
+			}
+		}
+	}
+	if op == graph.OpConv || op == graph.OpLinear {
+		if _, ok := params[graph.RoleWeight]; !ok {
+			return fmt.Errorf("has no tensor %q", graph.RoleWeight)
+		}
 	}
 	return nil
 }

@@ -236,7 +236,7 @@ func TestModulesInTorch(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	for _, name := range []string{"dilated_module", "fcn_module", "deeplab_module", "regnet_module", "mnasnet_module", "googlenet_module"} {
+	for _, name := range []string{"dilated_module", "fcn_module", "deeplab_module", "regnet_module", "mnasnet_module", "googlenet_module", "resnet_head_module"} {
 		t.Run(name, func(t *testing.T) {
 			ck, m := openModule(t, name)
 			g, _, err := FromModule(m, ck, "auto")
@@ -274,7 +274,7 @@ func TestModuleRefusals(t *testing.T) {
 		for k, v := range attrs {
 			a[k] = v
 		}
-		return &pth.Module{Class: "torch.nn.modules.conv.Conv2d", Attrs: a}
+		return &pth.Module{Class: "torch.nn.modules.conv.Conv2d", Attrs: a, Params: []pth.NamedTensor{{Name: "weight", Tensor: &pth.Tensor{}}}}
 	}
 	mod := func(class string, attrs map[string]pth.Value) *pth.Module {
 		return &pth.Module{Class: class, Attrs: attrs}
@@ -284,7 +284,11 @@ func TestModuleRefusals(t *testing.T) {
 		for k, v := range attrs {
 			a[k] = v
 		}
-		return mod("torch.nn.modules.batchnorm.BatchNorm2d", a)
+		m := mod("torch.nn.modules.batchnorm.BatchNorm2d", a)
+		for _, r := range []string{"weight", "bias", "running_mean", "running_var"} {
+			m.Params = append(m.Params, pth.NamedTensor{Name: r, Tensor: &pth.Tensor{}})
+		}
+		return m
 	}
 	pool := func(attrs map[string]pth.Value) *pth.Module {
 		a := map[string]pth.Value{"kernel_size": i(2), "stride": i(2), "padding": i(0), "dilation": i(1), "ceil_mode": false, "return_indices": false}
@@ -321,8 +325,34 @@ func TestModuleRefusals(t *testing.T) {
 			return root, ck
 		}
 	}
+	// hand gives a hand-built tree the tensors its attributes imply, so
+	// that each case fails for its own reason.
 	hand := func(m *pth.Module) func(t *testing.T) (*pth.Module, graph.Weights) {
-		return func(*testing.T) (*pth.Module, graph.Weights) { return m, graph.NewMemWeights() }
+		return func(*testing.T) (*pth.Module, graph.Weights) {
+			w := graph.NewMemWeights()
+			var walk func(m *pth.Module, path string)
+			walk = func(m *pth.Module, path string) {
+				for _, p := range m.Params {
+					var shape []int
+					if m.ShortClass() == "Conv2d" {
+						o, _ := integer(m.Attr("out_channels"))
+						in, _ := integer(m.Attr("in_channels"))
+						g, _ := integer(m.Attr("groups"))
+						k, _ := pairAttr(m, "kernel_size")
+						shape = []int{o, in / max(g, 1), k[0], k[1]}
+					} else {
+						f, _ := integer(m.Attr("num_features"))
+						shape = []int{f}
+					}
+					w.Put(path+"."+p.Name, shape, make([]float64, graph.Numel(shape)))
+				}
+				for _, c := range m.Children {
+					walk(c.Module, join(path, c.Name))
+				}
+			}
+			walk(m, "")
+			return m, w
+		}
 	}
 	unsupported, bad := failure.Unsupported, failure.BadInput
 	cases := []struct {
@@ -343,7 +373,8 @@ func TestModuleRefusals(t *testing.T) {
 		{"bn features", hand(seq(conv(nil), bn(map[string]pth.Value{"num_features": i(5)}))), "num_features 5, but 4 channels reach it", bad},
 		{"bn not affine", hand(seq(conv(nil), bn(map[string]pth.Value{"affine": false}))), "1 (BatchNorm2d): affine=False", unsupported},
 		{"bn no running stats", hand(seq(conv(nil), bn(map[string]pth.Value{"track_running_stats": false}))), "track_running_stats=False", unsupported},
-		{"torchvision block", hand(seq(conv(nil), &pth.Module{Class: "torchvision.models.resnet.BasicBlock", Children: []pth.Child{{Name: "conv1", Module: conv(nil)}}})), "is not a chain layer", unsupported},
+		{"torchvision block", hand(seq(conv(nil), &pth.Module{Class: "torchvision.models.densenet._DenseLayer", Children: []pth.Child{{Name: "conv1", Module: conv(nil)}}})), "is not a chain layer", unsupported},
+		{"block without its layers", hand(seq(conv(nil), &pth.Module{Class: "torchvision.models.resnet.BasicBlock", Children: []pth.Child{{Name: "conv1", Module: conv(nil)}}})), "1.conv1 (Conv2d): in_channels 3, but 4 channels reach it", bad},
 		{"max pool indices", hand(seq(conv(nil), pool(map[string]pth.Value{"return_indices": true}))), "return_indices", unsupported},
 		{"max pool dilation", hand(seq(conv(nil), pool(map[string]pth.Value{"dilation": i(2)}))), "1 (MaxPool2d): dilation [2 2]: dilated max pooling is not modelled", unsupported},
 		{"avg pool divisor", hand(seq(conv(nil), mod("torch.nn.modules.pooling.AvgPool2d", map[string]pth.Value{"kernel_size": i(2), "stride": nil, "padding": i(0), "ceil_mode": false, "count_include_pad": true, "divisor_override": i(3)}))), "divisor_override 3", unsupported},
@@ -358,13 +389,16 @@ func TestModuleRefusals(t *testing.T) {
 		{"resnet replaced activation", resnet("layer1.0.relu", func(m *pth.Module) {
 			m.Class = "torch.nn.modules.activation.Hardswish"
 		}), "layer1.0.relu (Hardswish): torch.nn.modules.activation.Hardswish is not a layer", unsupported},
-		{"resnet replaced pool", resnet("maxpool", func(m *pth.Module) {
-			*m = *mod("torch.nn.modules.pooling.AvgPool2d", map[string]pth.Value{"kernel_size": i(3), "stride": i(2), "padding": i(1), "ceil_mode": false, "count_include_pad": true, "divisor_override": nil})
-		}), "maxpool (AvgPool2d): a AvgPool2d where torchvision's forward has a MaxPool2d", unsupported},
 		{"resnet block attribute", resnet("layer2.0", func(m *pth.Module) { m.Attrs["drop_path"] = 0.1 }), "layer2.0 (Bottleneck): attribute drop_path = 0.1", unsupported},
 		{"resnet extra module", resnet("layer2.0", func(m *pth.Module) {
 			m.Children = append(m.Children, pth.Child{Name: "se", Module: mod("torch.nn.modules.activation.Sigmoid", nil)})
 		}), "layer2.0.se (torch.nn.modules.activation.Sigmoid): not a module torchvision's forward uses", unsupported},
+		{"weight disagrees with attributes", func(t *testing.T) (*pth.Module, graph.Weights) {
+			m := seq(conv(nil))
+			w := graph.NewMemWeights()
+			w.Put("0.weight", []int{4, 3, 5, 5}, make([]float64, 300))
+			return m, w
+		}, "0 (Conv2d): 0.weight has shape [4 3 5 5], but the module's attributes give [4 3 3 3]", bad},
 		{"resnet conv geometry", resnet("layer1.0.conv2", func(m *pth.Module) { m.Attrs["kernel_size"] = pair(5, 5) }), "kernel_size [5 5], groups 2, but its weight gives", bad},
 	}
 	for _, c := range cases {
@@ -382,7 +416,9 @@ func TestModuleRefusals(t *testing.T) {
 }
 
 // TestModuleActivationSwap: a torchvision ResNet whose ReLU module was
-// replaced by a LeakyReLU is followed (the forward calls the module).
+// replaced by a LeakyReLU is followed (the forward calls the module), and
+// so is one whose max pool became an average pool (ResNet's forward over
+// the tree).
 func TestModuleActivationSwap(t *testing.T) {
 	ck, root := openModule(t, "dilated_module")
 	for _, c := range root.Children {
@@ -397,6 +433,21 @@ func TestModuleActivationSwap(t *testing.T) {
 	}
 	if n := g.Node("relu"); n.Op != graph.OpLeakyReLU || n.Attr.ActParam != 0.2 {
 		t.Errorf("stem activation %s(%g)", n.Op, n.Attr.ActParam)
+	}
+	for _, c := range root.Children {
+		if c.Name == "maxpool" {
+			c.Module.Class = "torch.nn.modules.pooling.AvgPool2d"
+			c.Module.Attrs = map[string]pth.Value{"kernel_size": int64(3), "stride": int64(2), "padding": int64(1), "ceil_mode": false, "count_include_pad": false, "divisor_override": nil}
+		}
+	}
+	if g, _, err = FromModule(root, ck, "auto"); err != nil {
+		t.Fatal(err)
+	}
+	if n := g.Node("maxpool"); n.Op != graph.OpAvgPool || n.Attr.CountIncludePad || n.Attr.Stride != [2]int{2, 2} {
+		t.Errorf("stem pool %s %+v", n.Op, n.Attr)
+	}
+	if n := g.Node("relu"); n.Op != graph.OpLeakyReLU {
+		t.Errorf("stem activation %s", n.Op)
 	}
 }
 
@@ -519,6 +570,7 @@ func TestTreeModules(t *testing.T) {
 		{"regnet_module", "regnet ("},
 		{"mnasnet_module", "mnasnet ("},
 		{"googlenet_module", "googlenet ("},
+		{"resnet_head_module", "resnet ("},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			gold := readStructureGolden(t, c.name)
@@ -538,5 +590,24 @@ func TestTreeModules(t *testing.T) {
 				t.Errorf("eval output rel %.2e against torch", e)
 			}
 		})
+	}
+}
+
+// TestResNetTree: the ResNet forward rebuilt over the module tree alone
+// gives, for the dilated fixture, the very graph the recogniser plus the
+// modules' attributes give.
+func TestResNetTree(t *testing.T) {
+	ck, m := openModule(t, "dilated_module")
+	g, _, err := FromModule(m, ck, "auto")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tg, _, err := fromTree(m, ck, resnetTree)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := strings.SplitN(tg.String(), "\n", 2)[1], strings.SplitN(g.String(), "\n", 2)[1]
+	if a != b {
+		t.Errorf("tree graph:\n%s\nrecognised graph:\n%s", a, b)
 	}
 }

@@ -2,6 +2,7 @@ package arch
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/abnconvert/abnconvert/failure"
 	"github.com/abnconvert/abnconvert/graph"
@@ -48,6 +49,8 @@ func init() {
 		"torchvision.models.regnet.AnyStage":            seq(),
 		"torchvision.models.mnasnet._InvertedResidual":  mnasnetBlock,
 		"torchvision.models.regnet.ResBottleneckBlock":  regnetBlock,
+		"torchvision.models.resnet.BasicBlock":          resnetTreeBlock,
+		"torchvision.models.resnet.Bottleneck":          resnetTreeBlock,
 		"torchvision.models.googlenet.BasicConv2d":      basicConv,
 		"torchvision.models.googlenet.Inception":        inceptionBlock,
 	}
@@ -295,5 +298,87 @@ func inceptionBlock(b *chainBuilder, m *pth.Module, path string) error {
 	}
 	b.cur = b.g.Add(path+".cat", graph.OpConcat, graph.Attr{Axis: 1}, nil, outs...)
 	b.cur.Channels = sum
+	return nil
+}
+
+// resnetTree is the ResNet forward over whatever modules the tree holds:
+// for a torchvision ResNet whose state dict the recogniser does not take
+// (a replaced head such as fc = nn.Sequential(nn.Dropout(p),
+// nn.Linear(...)), a replaced activation), every child is run as a layer.
+var resnetTree = treeRoot{title: "resnet", attrs: []string{"inplanes", "dilation", "groups", "base_width"}, build: resnetTreeForward}
+
+func resnetTreeForward(b *chainBuilder, m *pth.Module) error {
+	order := []string{"conv1", "bn1", "relu", "maxpool", "layer1", "layer2", "layer3", "layer4", "avgpool", "fc"}
+	kids, err := children(m, order...)
+	if err != nil {
+		return err
+	}
+	for _, name := range order {
+		if err := b.run(m, kids, "", name); err != nil {
+			return err
+		}
+		if name == "avgpool" {
+			if b.cur.Producer.Op != graph.OpAdaptiveAvgPool || b.cur.Producer.Attr.OutputSize != [2]int{1, 1} {
+				return failure.Unsupportedf("avgpool is not AdaptiveAvgPool2d((1, 1))")
+			}
+			b.globalPool("avgpool", true)
+		}
+	}
+	return nil
+}
+
+// resnetTreeBlock is BasicBlock's and Bottleneck's forward: the main
+// branch, the downsample branch (or the input), their sum, the shared relu
+// module once more. Its second and third uses are nodes relu:2, relu:3,
+// as the state-dict builder names them.
+func resnetTreeBlock(b *chainBuilder, m *pth.Module, path string) error {
+	if err := checkAttrs(m, "stride", "downsample"); err != nil {
+		return err
+	}
+	if err := noDownsampleAttr(m); err != nil {
+		return err
+	}
+	main := []string{"conv1", "bn1", "relu", "conv2", "bn2"}
+	if m.ShortClass() == "Bottleneck" {
+		main = []string{"conv1", "bn1", "relu", "conv2", "bn2", "relu:2", "conv3", "bn3"}
+	}
+	kids, err := children(m, append(main, "downsample")...)
+	if err != nil {
+		return err
+	}
+	x := b.cur
+	for _, name := range main {
+		mod, use, _ := strings.Cut(name, ":")
+		if use == "" {
+			if err := b.run(m, kids, path, mod); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := b.layer(kids[mod], path+"."+name); err != nil {
+			return fmt.Errorf("%s.%s (%s): %w", path, name, kids[mod].ShortClass(), err)
+		}
+	}
+	y := b.cur
+	short := x
+	if kids["downsample"] != nil {
+		b.cur = x
+		if err := b.run(m, kids, path, "downsample"); err != nil {
+			return err
+		}
+		short = b.cur
+	}
+	if short.Channels != y.Channels {
+		return fmt.Errorf("the shortcut has %d channels, the main branch %d", short.Channels, y.Channels)
+	}
+	b.cur = b.g.Add(path+".add", graph.OpAdd, graph.Attr{}, nil, y, short)
+	b.cur.Channels = y.Channels
+	last := "relu:3"
+	if m.ShortClass() == "BasicBlock" {
+		last = "relu:2"
+	}
+	if err := b.layer(kids["relu"], path+"."+last); err != nil {
+		return fmt.Errorf("%s.%s (%s): %w", path, last, kids["relu"].ShortClass(), err)
+	}
 	return nil
 }
