@@ -138,14 +138,15 @@ func FromModule(m *pth.Module, w graph.Weights, force string) (*graph.Graph, *Ma
 		} else {
 			g, match, err = Recognize(w, force)
 		}
-		if err != nil && fam == FamilyResNet {
+		tree, hasTree := treeFallback[fam]
+		if err != nil && hasTree {
 			// Not torchvision's layout (a replaced head, say): the
-			// forward is still ResNet's, over whatever modules it has.
-			g, match, terr := fromTree(m, w, resnetTree)
+			// forward is still the class's, over whatever modules it has.
+			g, match, terr := fromTree(m, w, tree)
 			if terr != nil {
 				return nil, nil, fmt.Errorf("whole pickled %s: its state dict is not torchvision's layout (%w), and its module tree does not fit ResNet's forward: %w", m.ShortClass(), err, terr)
 			}
-			match.Notes = append(match.Notes, fmt.Sprintf("the state dict is not torchvision's layout (%v): ResNet's forward rebuilt over the modules the tree holds", err))
+			match.Notes = append(match.Notes, fmt.Sprintf("the state dict is not torchvision's layout (%v): the %s forward rebuilt over the modules the tree holds", err, m.ShortClass()))
 			return g, match, nil
 		}
 		if err != nil {
@@ -155,11 +156,11 @@ func FromModule(m *pth.Module, w graph.Weights, force string) (*graph.Graph, *Ma
 			return nil, nil, fmt.Errorf("whole pickled %s: its state dict was recognised as %s, another family", m.ShortClass(), match.Arch)
 		}
 		if err := overlay(g, m, containers[fam]); err != nil {
-			if fam == FamilyResNet {
+			if hasTree {
 				// A replaced layer (an AvgPool2d for the max pool, say):
-				// ResNet's forward over the modules the tree holds.
-				if tg, tm, terr := fromTree(m, w, resnetTree); terr == nil {
-					tm.Notes = append(tm.Notes, fmt.Sprintf("not torchvision's layers (%v): ResNet's forward rebuilt over the modules the tree holds", err))
+				// the class's forward over the modules the tree holds.
+				if tg, tm, terr := fromTree(m, w, tree); terr == nil {
+					tm.Notes = append(tm.Notes, fmt.Sprintf("not torchvision's layers (%v): the %s forward rebuilt over the modules the tree holds", err, m.ShortClass()))
 					return tg, tm, nil
 				}
 			}
@@ -214,6 +215,10 @@ func FromModule(m *pth.Module, w graph.Weights, force string) (*graph.Graph, *Ma
 	b.g.Arch = match.Arch
 	return b.g, match, nil
 }
+
+// treeFallback is, per family, the class's forward over the module tree,
+// used when the state dict or a module is not torchvision's.
+var treeFallback = map[string]treeRoot{FamilyResNet: resnetTree, FamilyDenseNet: densenetTree, FamilyVGG: vggTree}
 
 // mobileNetV3Ops is what a MobileNetV3 needs beyond the IR's ops.
 const mobileNetV3Ops = "Hardswish, Hardsigmoid and squeeze-and-excitation gates (adaptive average pooling, a broadcasting Mul)"

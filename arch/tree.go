@@ -52,6 +52,8 @@ func init() {
 		"torchvision.models.resnet.BasicBlock":          resnetTreeBlock,
 		"torchvision.models.resnet.Bottleneck":          resnetTreeBlock,
 		"torchvision.models.googlenet.BasicConv2d":      basicConv,
+		"torchvision.models.densenet._DenseBlock":       denseBlock,
+		"torchvision.models.densenet._Transition":       seq(),
 		"torchvision.models.googlenet.Inception":        inceptionBlock,
 	}
 }
@@ -379,6 +381,100 @@ func resnetTreeBlock(b *chainBuilder, m *pth.Module, path string) error {
 	}
 	if err := b.layer(kids["relu"], path+"."+last); err != nil {
 		return fmt.Errorf("%s.%s (%s): %w", path, last, kids["relu"].ShortClass(), err)
+	}
+	return nil
+}
+
+// vggTree is VGG's forward over the tree: features, avgpool, flatten,
+// classifier.
+var vggTree = treeRoot{title: "vgg", build: vggTreeForward}
+
+func vggTreeForward(b *chainBuilder, m *pth.Module) error {
+	order := []string{"features", "avgpool", "classifier"}
+	kids, err := children(m, order...)
+	if err != nil {
+		return err
+	}
+	for _, name := range order {
+		if err := b.run(m, kids, "", name); err != nil {
+			return err
+		}
+		if name == "avgpool" {
+			p := b.cur.Producer
+			if p.Op != graph.OpAdaptiveAvgPool {
+				return failure.Unsupportedf("avgpool is a %s, not AdaptiveAvgPool2d", p.Op)
+			}
+			c := b.cur.Channels * p.Attr.OutputSize[0] * p.Attr.OutputSize[1]
+			b.cur = b.g.Add("flatten", graph.OpFlatten, graph.Attr{StartDim: 1}, nil, b.cur)
+			b.cur.Channels = c
+		}
+	}
+	return nil
+}
+
+// densenetTree is DenseNet's forward over the tree: features, then F.relu,
+// adaptive average pooling to 1x1, flatten (functional: nodes
+// features.relu5, avgpool, flatten, as the state-dict builder names them),
+// classifier.
+var densenetTree = treeRoot{title: "densenet", build: densenetTreeForward}
+
+func densenetTreeForward(b *chainBuilder, m *pth.Module) error {
+	kids, err := children(m, "features", "classifier")
+	if err != nil {
+		return err
+	}
+	if err := b.run(m, kids, "", "features"); err != nil {
+		return err
+	}
+	c := b.cur.Channels
+	b.cur = b.g.Add("features.relu5", graph.OpReLU, graph.Attr{}, nil, b.cur)
+	b.cur.Channels = c
+	b.globalPool("avgpool", false)
+	return b.run(m, kids, "", "classifier")
+}
+
+// denseBlock is _DenseBlock's forward: each layer reads the concatenation
+// of the block's input and every earlier layer's output; the block returns
+// the concatenation of all of them.
+func denseBlock(b *chainBuilder, m *pth.Module, path string) error {
+	if err := checkAttrs(m); err != nil {
+		return err
+	}
+	features := []*graph.Value{b.cur}
+	for _, c := range m.Children {
+		p := join(path, c.Name)
+		if c.Module.Class != "torchvision.models.densenet._DenseLayer" {
+			return failure.Unsupportedf("%s (%s): a _DenseBlock holds _DenseLayer modules only", p, c.Module.ShortClass())
+		}
+		if err := denseLayerTree(b, c.Module, p, features); err != nil {
+			return fmt.Errorf("%s (_DenseLayer): %w", p, err)
+		}
+		features = append(features, b.cur)
+	}
+	b.cur = b.g.Add(path+".cat", graph.OpConcat, graph.Attr{Axis: 1}, nil, features...)
+	b.cur.Channels = sumChannels(features)
+	return nil
+}
+
+// denseLayerTree is _DenseLayer's forward over features.
+func denseLayerTree(b *chainBuilder, m *pth.Module, path string, features []*graph.Value) error {
+	if err := checkAttrs(m, "drop_rate", "memory_efficient"); err != nil {
+		return err
+	}
+	if err := denseLayerCheck(m); err != nil {
+		return err
+	}
+	order := []string{"norm1", "relu1", "conv1", "norm2", "relu2", "conv2"}
+	kids, err := children(m, order...)
+	if err != nil {
+		return err
+	}
+	b.cur = b.g.Add(path+".cat", graph.OpConcat, graph.Attr{Axis: 1}, nil, features...)
+	b.cur.Channels = sumChannels(features)
+	for _, name := range order {
+		if err := b.run(m, kids, path, name); err != nil {
+			return err
+		}
 	}
 	return nil
 }
