@@ -233,8 +233,6 @@ var notBuilt = map[string]string{
 	"torchvision.models.efficientnet.EfficientNet": "abnconvert does not rebuild EfficientNet's forward yet: it needs SiLU, squeeze-and-excitation gates " +
 		"(adaptive average pooling, Sigmoid, a broadcasting Mul) and StochasticDepth",
 	"torchvision.models.shufflenetv2.ShuffleNetV2": "abnconvert does not rebuild ShuffleNetV2's forward yet: it needs the channel split (chunk) and shuffle (Reshape, Transpose)",
-	"torchvision.models.inception.Inception3": "abnconvert does not rebuild Inception3's forward yet: it needs transform_input's per-channel affine, " +
-		"and its auxiliary classifier is a second output in training",
 }
 
 // dilations notes the dilated convolutions, the structure a state dict

@@ -484,7 +484,7 @@ for name in sys.argv[2:]:
 		"efficientnet_b0": "a whole pickled EfficientNet was read as data, but", "efficientnet_v2_s": "a whole pickled EfficientNet was read as data, but",
 		"regnet_y_400mf": "trunk_output.block1.block1-0.f.se (SqueezeExcitation): squeeze-and-excitation", "regnet_x_400mf": "",
 		"shufflenet_v2_x0_5": "a whole pickled ShuffleNetV2 was read as data, but", "mnasnet0_5": "",
-		"googlenet": "aux_logits True: the auxiliary classifiers are second and third outputs", "inception_v3": "a whole pickled Inception3 was read as data, but"}
+		"googlenet": "aux_logits True: the auxiliary classifiers are second and third outputs", "inception_v3": "aux_logits True: the auxiliary classifier is a second output"}
 	script = `import sys, torch, torchvision
 for name in sys.argv[2:]:
     kw = {"init_weights": False} if name in ("googlenet", "inception_v3") else {}
@@ -623,5 +623,58 @@ func TestTreeFallbacks(t *testing.T) {
 				t.Errorf("tree graph:\n%s\nrecognised graph:\n%s", a, b)
 			}
 		})
+	}
+}
+
+// TestInceptionV3: torchvision's inception_v3 at full size (aux_logits=
+// False, trained-like BN), pickled whole by real torch, is rebuilt from its
+// module tree and computes what torch computes (1e-4).
+func TestInceptionV3(t *testing.T) {
+	const python = "/usr/bin/python3"
+	if testing.Short() {
+		t.Skip("runs PyTorch")
+	}
+	if err := exec.Command(python, "-c", "import torchvision").Run(); err != nil {
+		t.Skipf("%s cannot import torchvision: %v", python, err)
+	}
+	dir := t.TempDir()
+	script := `import json, sys, torch, torchvision
+sys.path.insert(0, sys.argv[2])
+from formats4 import randomise, seeded_input
+torch.manual_seed(0)
+m = randomise(torchvision.models.inception_v3(weights=None, aux_logits=False, init_weights=False), 1)
+torch.save(m, sys.argv[1] + "/inception_v3.pth")
+x = seeded_input((1, 3, 96, 80))
+with torch.no_grad():
+    y = m(x)
+json.dump({"input_shape": list(x.shape), "input": x.flatten().tolist(), "output": y.flatten().tolist()}, open(sys.argv[1] + "/inception_v3.golden.json", "w"))
+`
+	fixtures, err := filepath.Abs(filepath.Join("..", "fixtures"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(python, "-c", script, dir, fixtures).CombinedOutput(); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	ck, m, err := pth.OpenModule(filepath.Join(dir, "inception_v3.pth"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.Close()
+	g, match, err := FromModule(m, ck, "auto")
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkCoverage(t, g, ck)
+	b, err := os.ReadFile(filepath.Join(dir, "inception_v3.golden.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gold structureGolden
+	if err := json.Unmarshal(b, &gold); err != nil {
+		t.Fatal(err)
+	}
+	if e := relErr(eval(t, g, ck, gold.InputShape, gold.Input), gold.Output); e > 1e-4 {
+		t.Errorf("%s: eval output rel %.2e against torch", match.Arch, e)
 	}
 }

@@ -24,6 +24,8 @@ type treeRoot struct {
 var treeRoots = map[string]treeRoot{
 	"torchvision.models.mnasnet.MNASNet": {title: "mnasnet", attrs: []string{"alpha", "num_classes"}, build: mnasnetForward},
 	"torchvision.models.regnet.RegNet":   {title: "regnet", build: regnetForward},
+	"torchvision.models.inception.Inception3": {title: "inception_v3", attrs: []string{"aux_logits", "transform_input", "AuxLogits"},
+		build: inception3Forward},
 	"torchvision.models.googlenet.GoogLeNet": {title: "googlenet", attrs: []string{"aux_logits", "transform_input", "aux1", "aux2"},
 		build: googlenetForward},
 }
@@ -53,6 +55,12 @@ func init() {
 		"torchvision.models.resnet.Bottleneck":          resnetTreeBlock,
 		"torchvision.models.googlenet.BasicConv2d":      basicConv,
 		"torchvision.models.densenet._DenseBlock":       denseBlock,
+		"torchvision.models.inception.BasicConv2d":      basicConv,
+		"torchvision.models.inception.InceptionA":       inceptionV3Block,
+		"torchvision.models.inception.InceptionB":       inceptionV3Block,
+		"torchvision.models.inception.InceptionC":       inceptionV3Block,
+		"torchvision.models.inception.InceptionD":       inceptionV3Block,
+		"torchvision.models.inception.InceptionE":       inceptionV3Block,
 		"torchvision.models.densenet._Transition":       seq(),
 		"torchvision.models.googlenet.Inception":        inceptionBlock,
 	}
@@ -476,5 +484,140 @@ func denseLayerTree(b *chainBuilder, m *pth.Module, path string, features []*gra
 			return err
 		}
 	}
+	return nil
+}
+
+// inception3Forward is Inception3's forward without the auxiliary
+// classifier (aux_logits=False) and without transform_input: the stem,
+// the Mixed blocks, avgpool, dropout, flatten, fc.
+func inception3Forward(b *chainBuilder, m *pth.Module) error {
+	if tr, ok := m.Attr("transform_input").(bool); !ok || tr {
+		return failure.Unsupportedf("transform_input %s: the per-channel input affine is not modelled; save the model with transform_input=False and normalise the input yourself",
+			describe(m.Attr("transform_input")))
+	}
+	order := []string{"Conv2d_1a_3x3", "Conv2d_2a_3x3", "Conv2d_2b_3x3", "maxpool1", "Conv2d_3b_1x1", "Conv2d_4a_3x3", "maxpool2",
+		"Mixed_5b", "Mixed_5c", "Mixed_5d", "Mixed_6a", "Mixed_6b", "Mixed_6c", "Mixed_6d", "Mixed_6e", "Mixed_7a", "Mixed_7b", "Mixed_7c",
+		"avgpool", "dropout", "fc"}
+	kids, err := children(m, append(order, "AuxLogits")...)
+	if err != nil {
+		return err
+	}
+	if kids["AuxLogits"] != nil || m.Attr("aux_logits") != false {
+		return failure.Unsupportedf("aux_logits %s: the auxiliary classifier is a second output in training, which abnconvert's graph cannot hold yet; "+
+			"set model.aux_logits = False; model.AuxLogits = None and save again", describe(m.Attr("aux_logits")))
+	}
+	for _, name := range order {
+		if name == "fc" {
+			// torch.flatten(x, 1) after the dropout.
+			c := b.cur.Channels
+			b.cur = b.g.Add("flatten", graph.OpFlatten, graph.Attr{StartDim: 1}, nil, b.cur)
+			b.cur.Channels = c
+		}
+		if err := b.run(m, kids, "", name); err != nil {
+			return err
+		}
+		if name == "avgpool" && b.cur.Producer.Attr.OutputSize != [2]int{1, 1} {
+			return failure.Unsupportedf("avgpool is not AdaptiveAvgPool2d((1, 1))")
+		}
+	}
+	return nil
+}
+
+// An Inception-v3 branch step: a child module, a functional pool
+// (F.avg_pool2d(x, 3, stride=1, padding=1) or F.max_pool2d(x, 3,
+// stride=2)), or two children applied to the same tensor and concatenated
+// (InceptionE's 1x3 and 3x1 pair).
+type v3step struct {
+	mod  string
+	pool byte // 'a' or 'm'
+	pair [2]string
+}
+
+func mods(names ...string) []v3step {
+	out := make([]v3step, len(names))
+	for i, n := range names {
+		out[i] = v3step{mod: n}
+	}
+	return out
+}
+
+var (
+	avgPool3 = v3step{pool: 'a'}
+	maxPool3 = v3step{pool: 'm'}
+)
+
+// inceptionV3Branches lists each block's branches in the order its forward
+// concatenates them.
+var inceptionV3Branches = map[string][][]v3step{
+	"InceptionA": {mods("branch1x1"), mods("branch5x5_1", "branch5x5_2"), mods("branch3x3dbl_1", "branch3x3dbl_2", "branch3x3dbl_3"),
+		{avgPool3, {mod: "branch_pool"}}},
+	"InceptionB": {mods("branch3x3"), mods("branch3x3dbl_1", "branch3x3dbl_2", "branch3x3dbl_3"), {maxPool3}},
+	"InceptionC": {mods("branch1x1"), mods("branch7x7_1", "branch7x7_2", "branch7x7_3"),
+		mods("branch7x7dbl_1", "branch7x7dbl_2", "branch7x7dbl_3", "branch7x7dbl_4", "branch7x7dbl_5"), {avgPool3, {mod: "branch_pool"}}},
+	"InceptionD": {mods("branch3x3_1", "branch3x3_2"), mods("branch7x7x3_1", "branch7x7x3_2", "branch7x7x3_3", "branch7x7x3_4"), {maxPool3}},
+	"InceptionE": {mods("branch1x1"), {{mod: "branch3x3_1"}, {pair: [2]string{"branch3x3_2a", "branch3x3_2b"}}},
+		{{mod: "branch3x3dbl_1"}, {mod: "branch3x3dbl_2"}, {pair: [2]string{"branch3x3dbl_3a", "branch3x3dbl_3b"}}}, {avgPool3, {mod: "branch_pool"}}},
+}
+
+func inceptionV3Block(b *chainBuilder, m *pth.Module, path string) error {
+	if err := checkAttrs(m); err != nil {
+		return err
+	}
+	branches := inceptionV3Branches[m.ShortClass()]
+	var names []string
+	for _, br := range branches {
+		for _, st := range br {
+			switch {
+			case st.mod != "":
+				names = append(names, st.mod)
+			case st.pair[0] != "":
+				names = append(names, st.pair[0], st.pair[1])
+			}
+		}
+	}
+	kids, err := children(m, names...)
+	if err != nil {
+		return err
+	}
+	if len(kids) != len(names) {
+		return failure.Unsupportedf("has %d of the %d children torchvision's %s has", len(kids), len(names), m.ShortClass())
+	}
+	x := b.cur
+	var outs []*graph.Value
+	sum := 0
+	for _, br := range branches {
+		b.cur = x
+		for _, st := range br {
+			c := b.cur.Channels
+			switch {
+			case st.pool == 'a':
+				b.cur = b.g.Add(path+".avg_pool", graph.OpAvgPool, graph.Attr{KernelSize: [2]int{3, 3}, Stride: [2]int{1, 1}, Padding: [2]int{1, 1}, CountIncludePad: true}, nil, b.cur)
+				b.cur.Channels = c
+			case st.pool == 'm':
+				b.cur = b.g.Add(path+".max_pool", graph.OpMaxPool, graph.Attr{KernelSize: [2]int{3, 3}, Stride: [2]int{2, 2}, Dilation: [2]int{1, 1}}, nil, b.cur)
+				b.cur.Channels = c
+			case st.pair[0] != "":
+				in := b.cur
+				var pair []*graph.Value
+				for _, n := range st.pair {
+					b.cur = in
+					if err := b.run(m, kids, path, n); err != nil {
+						return err
+					}
+					pair = append(pair, b.cur)
+				}
+				b.cur = b.g.Add(path+"."+st.pair[0]+".cat", graph.OpConcat, graph.Attr{Axis: 1}, nil, pair...)
+				b.cur.Channels = sumChannels(pair)
+			default:
+				if err := b.run(m, kids, path, st.mod); err != nil {
+					return err
+				}
+			}
+		}
+		outs = append(outs, b.cur)
+		sum += b.cur.Channels
+	}
+	b.cur = b.g.Add(path+".cat", graph.OpConcat, graph.Attr{Axis: 1}, nil, outs...)
+	b.cur.Channels = sum
 	return nil
 }
