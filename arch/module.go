@@ -11,19 +11,24 @@ import (
 	"github.com/abnconvert/abnconvert/pth"
 )
 
-// Whole pickled modules (torch.save(model)) become IR in two ways. A
-// torchvision model (ResNet, DenseNet, VGG, and the ResNet-based FCN and
-// DeepLabV3) has a forward fixed by its class: its topology is recognised
-// from its state dict, as a checkpoint of it would be, and then every node
-// whose module the tree holds takes that module's attributes (a Conv2d's
-// stride, padding and dilation, a pool's geometry, a BN's eps and
-// momentum...), which a state dict does not hold: a dilated ResNet has the
-// same keys as a plain one. An nn.Sequential is a chain: each child, in
-// order, becomes one node (a nested Sequential its own chain, Identity
-// nothing). Either way every module of the tree must be one the rebuilt
-// forward uses, and every public attribute of every module must be one
-// abnconvert understands, with a value it models: anything else is an error
-// naming the module's path and the attribute, never ignored.
+// Whole pickled modules (torch.save(model)) become IR in three ways. A
+// torchvision model whose state dict the recogniser knows (ResNet,
+// DenseNet, VGG, and the ResNet-based FCN and DeepLabV3) has a forward
+// fixed by its class: its topology is recognised from its state dict, as a
+// checkpoint of it would be, and then every node whose module the tree
+// holds takes that module's attributes (a Conv2d's stride, padding and
+// dilation, a pool's geometry, a BN's eps and momentum...), which a state
+// dict does not hold: a dilated ResNet has the same keys as a plain one.
+// Other torchvision models (RegNet, MNASNet, GoogLeNet, Inception3), and
+// ResNet, DenseNet and VGG instances whose modules are not torchvision's (a
+// fine-tuned head), are rebuilt from the tree alone (tree.go): the class's
+// forward over its children, each torchvision block with its own forward,
+// each torch.nn layer read as in a chain. An nn.Sequential is a chain: each
+// child, in order, becomes one node (a nested Sequential its own chain,
+// Identity nothing). Every way, every module of the tree must be one the
+// rebuilt forward uses, and every public attribute of every module must be
+// one abnconvert understands, with a value it models: anything else is an
+// error naming the module's path and the attribute, never ignored.
 
 const (
 	classSequential = "torch.nn.modules.container.Sequential"
