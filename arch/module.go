@@ -233,8 +233,6 @@ const mobileNetV3Ops = "Hardswish, Hardsigmoid and squeeze-and-excitation gates 
 var notBuilt = map[string]string{
 	"torchvision.models.segmentation.lraspp.LRASPP": "abnconvert does not rebuild LRASPP's forward yet: its MobileNetV3 backbone needs " + mobileNetV3Ops +
 		", its LRASPPHead a Sigmoid gate, a broadcasting Mul, Resize (bilinear, to the low-level features' size) and an Add",
-	"torchvision.models.mobilenetv3.MobileNetV3": "abnconvert does not rebuild MobileNetV3's forward yet: it needs " + mobileNetV3Ops + ", Dropout and Hardswish in the classifier",
-	"torchvision.models.mobilenetv2.MobileNetV2": "abnconvert does not rebuild MobileNetV2's forward yet: it needs ReLU6 (Hardtanh) and inverted-residual adds",
 	"torchvision.models.efficientnet.EfficientNet": "abnconvert does not rebuild EfficientNet's forward yet: it needs SiLU, squeeze-and-excitation gates " +
 		"(adaptive average pooling, Sigmoid, a broadcasting Mul) and StochasticDepth",
 	"torchvision.models.shufflenetv2.ShuffleNetV2": "abnconvert does not rebuild ShuffleNetV2's forward yet: it needs the channel split (chunk) and shuffle (Reshape, Transpose)",
@@ -353,9 +351,7 @@ func apply(n *graph.Node, m *pth.Module) error {
 	return nil
 }
 
-func isActivation(op graph.Op) bool {
-	return op == graph.OpReLU || op == graph.OpLeakyReLU || op == graph.OpELU
-}
+func isActivation(op graph.Op) bool { return op.IsActivation() }
 
 // checkAttrs refuses a public attribute outside known: one abnconvert does
 // not know may change the computation. training and the underscored
@@ -468,6 +464,36 @@ func readLayer(m *pth.Module) (graph.Op, graph.Attr, error) {
 			return "", a, fmt.Errorf("p is %s, not a probability", describe(m.Attr("p")))
 		}
 		return graph.OpDropout, a, nil
+	case "ReLU6", "Hardtanh":
+		// ReLU6 is Hardtanh(0, 6), and holds those bounds.
+		if err := activation(m, "min_val", "max_val"); err != nil {
+			return "", a, err
+		}
+		lo, ok1 := number(m.Attr("min_val"))
+		hi, ok2 := number(m.Attr("max_val"))
+		if !ok1 || !ok2 || lo > hi {
+			return "", a, fmt.Errorf("min_val %s, max_val %s", describe(m.Attr("min_val")), describe(m.Attr("max_val")))
+		}
+		a.ActParam, a.ActParam2 = lo, hi
+		return graph.OpHardtanh, a, nil
+	case "Sigmoid":
+		return graph.OpSigmoid, a, checkAttrs(m)
+	case "SiLU":
+		return graph.OpSiLU, a, activation(m)
+	case "Hardswish":
+		return graph.OpHardswish, a, activation(m)
+	case "Hardsigmoid":
+		// torch's: relu6(x + 3) / 6, ONNX's HardSigmoid(1/6, 0.5).
+		a.ActParam, a.ActParam2 = 1.0/6, 0.5
+		return graph.OpHardsigmoid, a, activation(m)
+	case "GELU":
+		if err := checkAttrs(m, "approximate"); err != nil {
+			return "", a, err
+		}
+		if ap, _ := m.Attr("approximate").(string); ap != "none" {
+			return "", a, failure.Unsupportedf("approximate %s: only the exact GELU is modelled", describe(m.Attr("approximate")))
+		}
+		return graph.OpGELU, a, nil
 	case "Upsample":
 		if err := checkAttrs(m, "name", "size", "scale_factor", "mode", "align_corners", "recompute_scale_factor"); err != nil {
 			return "", a, err

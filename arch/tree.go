@@ -22,8 +22,10 @@ type treeRoot struct {
 }
 
 var treeRoots = map[string]treeRoot{
-	"torchvision.models.mnasnet.MNASNet": {title: "mnasnet", attrs: []string{"alpha", "num_classes"}, build: mnasnetForward},
-	"torchvision.models.regnet.RegNet":   {title: "regnet", build: regnetForward},
+	"torchvision.models.mnasnet.MNASNet":         {title: "mnasnet", attrs: []string{"alpha", "num_classes"}, build: mnasnetForward},
+	"torchvision.models.regnet.RegNet":           {title: "regnet", build: regnetForward},
+	"torchvision.models.mobilenetv2.MobileNetV2": {title: "mobilenet_v2", attrs: []string{"last_channel"}, build: mobilenetV2Forward},
+	"torchvision.models.mobilenetv3.MobileNetV3": {title: "mobilenet_v3", build: mobilenetV3Forward},
 	"torchvision.models.inception.Inception3": {title: "inception_v3", attrs: []string{"aux_logits", "transform_input", "AuxLogits"},
 		build: inception3Forward},
 	"torchvision.models.googlenet.GoogLeNet": {title: "googlenet", attrs: []string{"aux_logits", "transform_input", "aux1", "aux2"},
@@ -35,7 +37,6 @@ var blocks map[string]func(b *chainBuilder, m *pth.Module, path string) error
 
 // notModelled names block classes whose computation the IR lacks.
 var notModelled = map[string]string{
-	"torchvision.ops.misc.SqueezeExcitation":           "squeeze-and-excitation (adaptive average pooling, a Sigmoid gate, a broadcasting Mul) is not modelled yet",
 	"torchvision.ops.stochastic_depth.StochasticDepth": "StochasticDepth is not modelled yet",
 }
 
@@ -45,24 +46,27 @@ func init() {
 	}
 	blocks = map[string]func(b *chainBuilder, m *pth.Module, path string) error{
 		// nn.Sequential subclasses: their children in order.
-		"torchvision.ops.misc.Conv2dNormActivation":     seq("out_channels"),
-		"torchvision.models.regnet.SimpleStemIN":        seq("out_channels"),
-		"torchvision.models.regnet.BottleneckTransform": seq(),
-		"torchvision.models.regnet.AnyStage":            seq(),
-		"torchvision.models.mnasnet._InvertedResidual":  mnasnetBlock,
-		"torchvision.models.regnet.ResBottleneckBlock":  regnetBlock,
-		"torchvision.models.resnet.BasicBlock":          resnetTreeBlock,
-		"torchvision.models.resnet.Bottleneck":          resnetTreeBlock,
-		"torchvision.models.googlenet.BasicConv2d":      basicConv,
-		"torchvision.models.densenet._DenseBlock":       denseBlock,
-		"torchvision.models.inception.BasicConv2d":      basicConv,
-		"torchvision.models.inception.InceptionA":       inceptionV3Block,
-		"torchvision.models.inception.InceptionB":       inceptionV3Block,
-		"torchvision.models.inception.InceptionC":       inceptionV3Block,
-		"torchvision.models.inception.InceptionD":       inceptionV3Block,
-		"torchvision.models.inception.InceptionE":       inceptionV3Block,
-		"torchvision.models.densenet._Transition":       seq(),
-		"torchvision.models.googlenet.Inception":        inceptionBlock,
+		"torchvision.ops.misc.Conv2dNormActivation":       seq("out_channels"),
+		"torchvision.models.regnet.SimpleStemIN":          seq("out_channels"),
+		"torchvision.models.regnet.BottleneckTransform":   seq(),
+		"torchvision.models.regnet.AnyStage":              seq(),
+		"torchvision.models.mnasnet._InvertedResidual":    mnasnetBlock,
+		"torchvision.models.regnet.ResBottleneckBlock":    regnetBlock,
+		"torchvision.models.resnet.BasicBlock":            resnetTreeBlock,
+		"torchvision.models.resnet.Bottleneck":            resnetTreeBlock,
+		"torchvision.models.googlenet.BasicConv2d":        basicConv,
+		"torchvision.models.densenet._DenseBlock":         denseBlock,
+		"torchvision.models.inception.BasicConv2d":        basicConv,
+		"torchvision.models.mobilenetv2.InvertedResidual": invertedResidual,
+		"torchvision.models.mobilenetv3.InvertedResidual": invertedResidual,
+		"torchvision.ops.misc.SqueezeExcitation":          squeezeExcitation,
+		"torchvision.models.inception.InceptionA":         inceptionV3Block,
+		"torchvision.models.inception.InceptionB":         inceptionV3Block,
+		"torchvision.models.inception.InceptionC":         inceptionV3Block,
+		"torchvision.models.inception.InceptionD":         inceptionV3Block,
+		"torchvision.models.inception.InceptionE":         inceptionV3Block,
+		"torchvision.models.densenet._Transition":         seq(),
+		"torchvision.models.googlenet.Inception":          inceptionBlock,
 	}
 }
 
@@ -619,5 +623,96 @@ func inceptionV3Block(b *chainBuilder, m *pth.Module, path string) error {
 	}
 	b.cur = b.g.Add(path+".cat", graph.OpConcat, graph.Attr{Axis: 1}, nil, outs...)
 	b.cur.Channels = sum
+	return nil
+}
+
+// mobilenetV2Forward: features, adaptive average pooling to 1x1 (F.
+// adaptive_avg_pool2d), flatten, classifier.
+func mobilenetV2Forward(b *chainBuilder, m *pth.Module) error {
+	kids, err := children(m, "features", "classifier")
+	if err != nil {
+		return err
+	}
+	if err := b.run(m, kids, "", "features"); err != nil {
+		return err
+	}
+	b.globalPool("avgpool", false)
+	return b.run(m, kids, "", "classifier")
+}
+
+// mobilenetV3Forward: features, avgpool, flatten, classifier.
+func mobilenetV3Forward(b *chainBuilder, m *pth.Module) error {
+	kids, err := children(m, "features", "avgpool", "classifier")
+	if err != nil {
+		return err
+	}
+	for _, name := range []string{"features", "avgpool"} {
+		if err := b.run(m, kids, "", name); err != nil {
+			return err
+		}
+	}
+	if b.cur.Producer.Attr.OutputSize != [2]int{1, 1} {
+		return failure.Unsupportedf("avgpool is not AdaptiveAvgPool2d(1)")
+	}
+	b.globalPool("avgpool", true)
+	return b.run(m, kids, "", "classifier")
+}
+
+// invertedResidual is MobileNetV2's and V3's block: conv (V2) or block
+// (V3), plus the input when use_res_connect.
+func invertedResidual(b *chainBuilder, m *pth.Module, path string) error {
+	if err := checkAttrs(m, "stride", "use_res_connect", "out_channels"); err != nil {
+		return err
+	}
+	res, ok := m.Attr("use_res_connect").(bool)
+	if !ok {
+		return fmt.Errorf("use_res_connect is %s, not a bool", describe(m.Attr("use_res_connect")))
+	}
+	body := "conv"
+	if strings.Contains(m.Class, "mobilenetv3") {
+		body = "block"
+	}
+	kids, err := children(m, body)
+	if err != nil {
+		return err
+	}
+	x := b.cur
+	if err := b.run(m, kids, path, body); err != nil {
+		return err
+	}
+	if res {
+		if b.cur.Channels != x.Channels {
+			return fmt.Errorf("use_res_connect with %d channels in and %d out", x.Channels, b.cur.Channels)
+		}
+		c := b.cur.Channels
+		b.cur = b.g.Add(path+".add", graph.OpAdd, graph.Attr{}, nil, b.cur, x)
+		b.cur.Channels = c
+	}
+	return nil
+}
+
+// squeezeExcitation is torchvision's SqueezeExcitation: scale =
+// scale_activation(fc2(activation(fc1(avgpool(x))))), then scale * x.
+func squeezeExcitation(b *chainBuilder, m *pth.Module, path string) error {
+	if err := checkAttrs(m); err != nil {
+		return err
+	}
+	order := []string{"avgpool", "fc1", "activation", "fc2", "scale_activation"}
+	kids, err := children(m, order...)
+	if err != nil {
+		return err
+	}
+	x := b.cur
+	for _, name := range order {
+		if err := b.run(m, kids, path, name); err != nil {
+			return err
+		}
+	}
+	if b.cur.Channels != x.Channels {
+		return fmt.Errorf("the gate has %d channels, its input %d", b.cur.Channels, x.Channels)
+	}
+	c := x.Channels
+	b.cur = b.g.Add(path+".mul", graph.OpMul, graph.Attr{}, nil, b.cur, x)
+	b.cur.Channels = c
 	return nil
 }
