@@ -225,16 +225,18 @@ func FromModule(m *pth.Module, w graph.Weights, force string) (*graph.Graph, *Ma
 // used when the state dict or a module is not torchvision's.
 var treeFallback = map[string]treeRoot{FamilyResNet: resnetTree, FamilyDenseNet: densenetTree, FamilyVGG: vggTree}
 
-// mobileNetV3Ops is what a MobileNetV3 needs beyond the IR's ops.
-const mobileNetV3Ops = "Hardswish, Hardsigmoid and squeeze-and-excitation gates (adaptive average pooling, a broadcasting Mul)"
+// mobileNetSegmentation is what the MobileNetV3-based segmentation models
+// need beyond what the builders do: their backbone (MobileNetV3's
+// features) is rebuilt like mobilenet_v3's, but IntermediateLayerGetter
+// hands the head two of its intermediate outputs.
+const mobileNetSegmentation = "its backbone hands the head two intermediate outputs of MobileNetV3's features (IntermediateLayerGetter with two return_layers), which the builder does not wire yet"
 
 // notBuilt names the allowlisted torchvision models whose forward is not
 // rebuilt yet, and what they need.
 var notBuilt = map[string]string{
-	"torchvision.models.segmentation.lraspp.LRASPP": "abnconvert does not rebuild LRASPP's forward yet: its MobileNetV3 backbone needs " + mobileNetV3Ops +
-		", its LRASPPHead a Sigmoid gate, a broadcasting Mul, Resize (bilinear, to the low-level features' size) and an Add",
-	"torchvision.models.efficientnet.EfficientNet": "abnconvert does not rebuild EfficientNet's forward yet: it needs SiLU, squeeze-and-excitation gates " +
-		"(adaptive average pooling, Sigmoid, a broadcasting Mul) and StochasticDepth",
+	"torchvision.models.segmentation.lraspp.LRASPP": "abnconvert does not rebuild LRASPP's forward yet: " + mobileNetSegmentation +
+		", and its LRASPPHead gates the high-level features (Sigmoid, broadcasting Mul), resizes them to the low-level ones' size and adds both classifiers",
+	"torchvision.models.efficientnet.EfficientNet": "abnconvert does not rebuild EfficientNet's forward yet: its MBConv blocks apply StochasticDepth, which the IR does not model",
 	"torchvision.models.shufflenetv2.ShuffleNetV2": "abnconvert does not rebuild ShuffleNetV2's forward yet: it needs the channel split (chunk) and shuffle (Reshape, Transpose)",
 }
 

@@ -42,7 +42,7 @@ func buildSegmentation(b *builder, anyRates bool) (*segShape, error) {
 	}
 	if !b.present(p + "backbone.conv1.weight") {
 		if b.has(p + "backbone.0") {
-			return nil, failure.Unsupportedf("%sbackbone is a MobileNetV3 (deeplabv3_mobilenet_v3_large, lraspp_mobilenet_v3_large): abnconvert does not rebuild it yet (it needs %s); use --graph", p, mobileNetV3Ops)
+			return nil, failure.Unsupportedf("%sbackbone is a MobileNetV3 (deeplabv3_mobilenet_v3_large, lraspp_mobilenet_v3_large): abnconvert does not rebuild it from a state dict or module tree yet: %s; use --graph", p, mobileNetSegmentation)
 		}
 		return nil, fmt.Errorf("missing %sbackbone.conv1.weight: not a ResNet backbone", p)
 	}
