@@ -5,7 +5,7 @@ BIN     := bin/abnconvert
 VERSION := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X github.com/abnconvert/abnconvert/command.Version=$(VERSION)
 
-.PHONY: build demo test gotest pytest interop interop-big security-torch26 verify-fixtures deps fixtures bench clean cuda cuda-test cuda-emu ptx gpu-bench emudriver gpu-emulated torch26 interop-torch26 onnxruntime
+.PHONY: build demo test gotest pytest interop interop-big interop-structure security-torch26 verify-fixtures deps fixtures bench clean cuda cuda-test cuda-emu ptx gpu-bench emudriver gpu-emulated torch26 interop-torch26 onnxruntime
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/abnconvert
@@ -57,6 +57,12 @@ security-torch26: build torch26
 # resnext50_32x4d, wide_resnet50_2, vgg16_bn), generated on the fly.
 interop-big: build
 	$(PYTHON) fixtures/interop.py --bin $(BIN) --big --verify-seeds 5
+
+# Structure from whole pickled modules (dilated ResNet, segmentation, the
+# torchvision classifiers) at full size: the converted checkpoint in the
+# emitted module against the original, in real torch.
+interop-structure: build
+	$(PYTHON) fixtures/structure.py full $(BIN) out/structure
 
 # The Debian 13 chroot with torch 2.6, torchvision 0.21, onnx 1.17 and
 # onnxruntime 1.21 (.ci/torch26.sh; built once, about 6 minutes, as root,
