@@ -41,6 +41,9 @@ type Match struct {
 	// Notes record what was inferred or assumed: prefix, legacy key names,
 	// missing num_batches_tracked, num_classes.
 	Notes []string
+	// Warnings are what the structure source may have lost (an eval-mode
+	// export's Dropout), for the conversion's warnings.
+	Warnings []string
 }
 
 var (

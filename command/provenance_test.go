@@ -511,3 +511,26 @@ func TestVerifyOtherOriginal(t *testing.T) {
 		}
 	}
 }
+
+// TestEvalExportWarning: a state dict converted along an eval-mode export
+// is warned that the export lost its Dropout layers, and told how to keep
+// them.
+func TestEvalExportWarning(t *testing.T) {
+	dir := t.TempDir()
+	code, stdout, stderr := run("convert", "-i", "../fixtures/testdata/acts/act_net.pth", "--graph", "../fixtures/testdata/acts/act_net_op13.onnx",
+		"-o", filepath.Join(dir, "a.pth"), "--relu", "abn", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	var res struct{ Warnings []string }
+	if err := json.Unmarshal([]byte(stdout), &res); err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, w := range res.Warnings {
+		found = found || (strings.Contains(w, "exported in eval mode") && strings.Contains(w, "model.train()") && strings.Contains(w, "PRESERVE"))
+	}
+	if !found {
+		t.Errorf("no eval-export warning in %q", res.Warnings)
+	}
+}

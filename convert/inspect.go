@@ -103,7 +103,7 @@ func Inspect(path string, opt Options) (*Inspection, error) {
 		ins.ArchError = err.Error()
 		return ins, nil
 	}
-	ins.Arch, ins.Family, ins.ExactArch, ins.Notes = match.Arch, match.Family, match.Exact, match.Notes
+	ins.Arch, ins.Family, ins.ExactArch, ins.Notes = match.Arch, match.Family, match.Exact, append(append([]string(nil), match.Notes...), match.Warnings...)
 	if err := refuseConverted(m); err != nil {
 		ins.RewriteError = err.Error()
 		return ins, nil

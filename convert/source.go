@@ -104,7 +104,7 @@ func runState(opt Options, start time.Time) (*Result, error) {
 		Format: s.Format, StatePath: s.StatePath(), Prefix: s.Prefix(),
 		Arch: match.Arch, Family: match.Family, ExactArch: match.Exact, Notes: match.Notes,
 		Options: ReportOptions{ReLU: opt.ReLU, Slope: opt.Slope, Sync: opt.Sync},
-		Report:  rep, BNEps: bnEps(g), Warnings: append([]string(nil), rep.Warnings...),
+		Report:  rep, BNEps: bnEps(g), Warnings: append(append([]string(nil), match.Warnings...), rep.Warnings...),
 	}
 	if s.Checkpoint != nil && s.Module == nil && !isSafetensors(opt.Output) {
 		changed := map[string]bool{}
@@ -200,7 +200,7 @@ func inspectState(path string, size int64, opt Options) (*Inspection, error) {
 		ins.ArchError = err.Error()
 		return ins, nil
 	}
-	ins.Arch, ins.Family, ins.ExactArch, ins.Notes = match.Arch, match.Family, match.Exact, match.Notes
+	ins.Arch, ins.Family, ins.ExactArch, ins.Notes = match.Arch, match.Family, match.Exact, append(append([]string(nil), match.Notes...), match.Warnings...)
 	if err := refuseConverted(s); err != nil {
 		ins.RewriteError = err.Error()
 		return ins, nil

@@ -355,6 +355,32 @@ func (m *Model) Opaque() []string {
 	return out
 }
 
+// ExportMode tells how torch exported the model: "train" when a
+// BatchNormalization computes batch statistics (training_mode=1, or the
+// running-statistics outputs of opsets before 14), "eval" when every one
+// uses its running statistics, "" when it has none. torch.onnx.export with
+// training=PRESERVE keeps Dropout only in train mode: an eval-mode export
+// has lost every Dropout (and StochasticDepth) the network had.
+func (m *Model) ExportMode() string {
+	mode := ""
+	for _, n := range m.proto.GetGraph().GetNode() {
+		if n.GetOpType() != "BatchNormalization" || (n.GetDomain() != "" && n.GetDomain() != "ai.onnx") {
+			continue
+		}
+		train := len(n.Output) > 1
+		for _, a := range n.Attribute {
+			if a.GetName() == "training_mode" && a.GetI() == 1 {
+				train = true
+			}
+		}
+		if train {
+			return "train"
+		}
+		mode = "eval"
+	}
+	return mode
+}
+
 // ModulePath is the PyTorch module path of a node's parameters, read off
 // its keys: "layer1.0.bn1" for a node whose keys are "layer1.0.bn1.weight",
 // "layer1.0.bn1.bias", ... (torch names initializers after the parameters
