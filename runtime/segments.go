@@ -69,8 +69,13 @@ type Segment struct {
 // checkpoint.
 var ErrNoBlocks = errors.New("no blocks to checkpoint")
 
-// blockPattern finds the block a node belongs to in its module path.
-var blockPattern = regexp.MustCompile(`(?:^|\.)(?:layer\d+\.\d+|denseblock\d+\.denselayer\d+|transition\d+)(?:[.:]|$)`)
+// blockPattern finds the block a node belongs to in its module path:
+// torchvision's residual blocks (layerN.M, also in segmentation backbones),
+// dense layers and transitions, EfficientNet's blocks (features.N.M: stage
+// N, block M) and MobileNet's (features.N), MNASNet's stacks (layers.N.M),
+// RegNet's (trunk_output.blockN.blockN-M), ShuffleNet's (stageN.M), and
+// GoogLeNet's and Inception's modules (inception3a, Mixed_5b).
+var blockPattern = regexp.MustCompile(`(?:^|\.)(?:layer\d+\.\d+|denseblock\d+\.denselayer\d+|transition\d+|features\.\d+\.\d+\.block|features\.\d+\.(?:conv|block)|layers\.\d+\.\d+|trunk_output\.block\d+\.block\d+-\d+|stage\d+\.\d+|inception\d[a-z]|Mixed_\d[a-z])(?:[.:]|$)`)
 
 // blockOf returns the module path of the block node name lies in, "" when
 // none.
