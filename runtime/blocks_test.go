@@ -14,7 +14,7 @@ func TestBlockOf(t *testing.T) {
 		{"features.3.conv.1.0", "features.3.conv"},
 		{"features.5.block.2.fc1", "features.5.block"},
 		{"features.2.1.block.0.0", "features.2.1.block"}, // EfficientNet stage 2, block 1
-		{"layers.9.1.layers.3", "layers.9.1"},             // MNASNet
+		{"layers.9.1.layers.3", "layers.9.1"},            // MNASNet
 		{"trunk_output.block2.block2-0.f.a", "trunk_output.block2.block2-0"},
 		{"stage3.4.branch2.0", "stage3.4"},
 		{"inception4b.branch2.1.conv", "inception4b"},
