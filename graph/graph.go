@@ -128,8 +128,9 @@ type Attr struct {
 	// Resize.
 	Mode         string `json:"mode,omitempty"`
 	AlignCorners bool   `json:"align_corners,omitempty"`
-	// Reshape, Transpose, Pad, Slice (graph/layout.go).
-	Layout
+	// Reshape, Transpose, Pad, Slice (graph/layout.go); a pointer so that
+	// Attr stays comparable. Read it with Lay.
+	Layout *Layout `json:"layout,omitempty"`
 }
 
 // Node is one operation.

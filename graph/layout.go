@@ -40,6 +40,14 @@ type Layout struct {
 	End   int `json:"end,omitempty"`
 }
 
+// Lay returns the layout attributes, zero when unset.
+func (a Attr) Lay() Layout {
+	if a.Layout == nil {
+		return Layout{}
+	}
+	return *a.Layout
+}
+
 // Dim is one entry of a shape computed at run time. With Ref >= 0 it is
 // Mul * (the product of dimensions From..To-1 of the node's input Ref) /
 // Div, floor division, Mul and Div 1 when zero: x.size(1) // 2 is {Ref: 0,
@@ -115,19 +123,20 @@ func init() {
 }
 
 func (a Attr) layoutSummary(op Op) string {
+	l := a.Lay()
 	switch op {
 	case OpReshape:
 		var parts []string
-		for _, d := range a.Shape {
+		for _, d := range l.Shape {
 			parts = append(parts, d.String(func(k int) string { return fmt.Sprintf("in%d", k) }))
 		}
 		return "(" + strings.Join(parts, ", ") + ")"
 	case OpTranspose:
-		return fmt.Sprintf("perm=%v", a.Perm)
+		return fmt.Sprintf("perm=%v", l.Perm)
 	case OpPad:
-		return fmt.Sprintf("pads=%v value=%g", a.Pads, a.PadValue)
+		return fmt.Sprintf("pads=%v value=%g", l.Pads, l.PadValue)
 	case OpSlice:
-		return fmt.Sprintf("axis=%d %d:%d", a.Axis, a.Start, a.End)
+		return fmt.Sprintf("axis=%d %d:%d", a.Axis, l.Start, l.End)
 	}
 	return ""
 }
@@ -138,34 +147,63 @@ func (a Attr) layoutSummary(op Op) string {
 func Ranks(g *Graph, input int) map[*Value]int {
 	r := map[*Value]int{}
 	for _, n := range g.Nodes {
-		in0 := 0
-		if len(n.Inputs) > 0 {
-			in0 = r[n.Inputs[0]]
+		ins := make([]int, len(n.Inputs))
+		for k, in := range n.Inputs {
+			ins[k] = r[in]
 		}
-		switch n.Op {
-		case OpInput:
-			r[n.Out] = input
-		case OpFlatten:
-			if n.Attr.StartDim >= 0 {
-				r[n.Out] = n.Attr.StartDim + 1
-			} else if in0 > 0 {
-				r[n.Out] = in0 + n.Attr.StartDim + 1
-			}
-		case OpLinear:
-			r[n.Out] = 2
-		case OpReshape:
-			r[n.Out] = len(n.Attr.Shape)
-		case OpConv, OpMaxPool, OpAvgPool, OpAdaptiveAvgPool, OpResize:
-			r[n.Out] = 4
-		default:
-			if strings.Contains(string(n.Op), ".") || strings.Contains(string(n.Op), ":") {
-				continue // opaque: unknown
-			}
-			for _, in := range n.Inputs {
-				in0 = max(in0, r[in])
-			}
-			r[n.Out] = in0
-		}
+		r[n.Out] = rankOf(n, ins, input)
 	}
 	return r
+}
+
+// RankOf is the rank of one value (see Ranks), found by walking back
+// through its producers.
+func RankOf(v *Value, input int) int {
+	memo := map[*Value]int{}
+	var walk func(v *Value) int
+	walk = func(v *Value) int {
+		if r, ok := memo[v]; ok {
+			return r
+		}
+		n := v.Producer
+		ins := make([]int, len(n.Inputs))
+		for k, in := range n.Inputs {
+			ins[k] = walk(in)
+		}
+		memo[v] = rankOf(n, ins, input)
+		return memo[v]
+	}
+	return walk(v)
+}
+
+func rankOf(n *Node, ins []int, input int) int {
+	in0 := 0
+	if len(ins) > 0 {
+		in0 = ins[0]
+	}
+	switch n.Op {
+	case OpInput:
+		return input
+	case OpFlatten:
+		if n.Attr.StartDim >= 0 {
+			return n.Attr.StartDim + 1
+		}
+		if in0 > 0 {
+			return in0 + n.Attr.StartDim + 1
+		}
+		return 0
+	case OpLinear:
+		return 2
+	case OpReshape:
+		return len(n.Attr.Lay().Shape)
+	case OpConv, OpMaxPool, OpAvgPool, OpAdaptiveAvgPool, OpResize:
+		return 4
+	}
+	if strings.Contains(string(n.Op), ".") || strings.Contains(string(n.Op), ":") {
+		return 0 // opaque: unknown
+	}
+	for _, r := range ins {
+		in0 = max(in0, r)
+	}
+	return in0
 }

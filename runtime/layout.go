@@ -52,36 +52,36 @@ func normAxis(ax, rank int) int {
 // layoutShape is outShape for the layout ops and Reshape; ok is false for
 // any other op.
 func layoutShape(nd *graph.Node, ins [][]int) (out []int, ok bool, err error) {
-	a := nd.Attr
+	a, l := nd.Attr, nd.Attr.Lay()
 	x := ins[0]
 	switch nd.Op {
 	case graph.OpReshape:
-		out, err = reshapeShape(a.Shape, ins)
+		out, err = reshapeShape(l.Shape, ins)
 		return out, true, err
 	case graph.OpTranspose:
-		if len(a.Perm) != len(x) {
-			return nil, true, fmt.Errorf("perm %v for a %d-dimensional input", a.Perm, len(x))
+		if len(l.Perm) != len(x) {
+			return nil, true, fmt.Errorf("perm %v for a %d-dimensional input", l.Perm, len(x))
 		}
 		seen := make([]bool, len(x))
 		out = make([]int, len(x))
-		for i, p := range a.Perm {
+		for i, p := range l.Perm {
 			if p < 0 || p >= len(x) || seen[p] {
-				return nil, true, fmt.Errorf("perm %v is not a permutation", a.Perm)
+				return nil, true, fmt.Errorf("perm %v is not a permutation", l.Perm)
 			}
 			seen[p] = true
 			out[i] = x[p]
 		}
 		return out, true, nil
 	case graph.OpPad:
-		if len(a.Pads) != 2*len(x) {
-			return nil, true, fmt.Errorf("pads %v for a %d-dimensional input", a.Pads, len(x))
+		if len(l.Pads) != 2*len(x) {
+			return nil, true, fmt.Errorf("pads %v for a %d-dimensional input", l.Pads, len(x))
 		}
 		out = make([]int, len(x))
 		for d := range x {
-			if a.Pads[d] < 0 || a.Pads[len(x)+d] < 0 {
-				return nil, true, fmt.Errorf("negative pads %v (cropping) are not supported", a.Pads)
+			if l.Pads[d] < 0 || l.Pads[len(x)+d] < 0 {
+				return nil, true, fmt.Errorf("negative pads %v (cropping) are not supported", l.Pads)
 			}
-			out[d] = x[d] + a.Pads[d] + a.Pads[len(x)+d]
+			out[d] = x[d] + l.Pads[d] + l.Pads[len(x)+d]
 		}
 		return out, true, nil
 	case graph.OpSlice:
@@ -89,9 +89,9 @@ func layoutShape(nd *graph.Node, ins [][]int) (out []int, ok bool, err error) {
 		if ax < 0 || ax >= len(x) {
 			return nil, true, fmt.Errorf("axis %d of a %d-dimensional input", a.Axis, len(x))
 		}
-		lo, hi := sliceBounds(a.Start, a.End, x[ax])
+		lo, hi := sliceBounds(l.Start, l.End, x[ax])
 		if hi <= lo {
-			return nil, true, fmt.Errorf("slice %d:%d of a dimension of %d is empty", a.Start, a.End, x[ax])
+			return nil, true, fmt.Errorf("slice %d:%d of a dimension of %d is empty", l.Start, l.End, x[ax])
 		}
 		out = append([]int(nil), x...)
 		out[ax] = hi - lo
@@ -188,15 +188,15 @@ func (e *Executor) layoutForward(r *run, i int, nd *graph.Node) error {
 		return err
 	}
 	y, x := r.vals[i], e.in(r, nd, 0)
-	a := nd.Attr
+	a, la := nd.Attr, nd.Attr.Lay()
 	switch nd.Op {
 	case graph.OpTranspose:
-		return l.Permute(y, x, a.Perm)
+		return l.Permute(y, x, la.Perm)
 	case graph.OpPad:
-		if err := l.Fill(y, float32(a.PadValue)); err != nil {
+		if err := l.Fill(y, float32(la.PadValue)); err != nil {
 			return err
 		}
-		return l.CopyBox(y, x, a.Pads[:len(x.Shape())], zeros(len(x.Shape())), x.Shape(), false)
+		return l.CopyBox(y, x, la.Pads[:len(x.Shape())], zeros(len(x.Shape())), x.Shape(), false)
 	case graph.OpSlice:
 		return l.CopyBox(y, x, zeros(len(y.Shape())), sliceOffset(nd, x.Shape()), y.Shape(), false)
 	case graph.OpResize:
@@ -223,7 +223,7 @@ func (e *Executor) layoutBackward(r *run, i int, nd *graph.Node, dy Tensor) erro
 	if err != nil {
 		return err
 	}
-	a := nd.Attr
+	a, la := nd.Attr, nd.Attr.Lay()
 	if nd.Op == graph.OpConcat {
 		ax := normAxis(a.Axis, len(dy.Shape()))
 		off := zeros(len(dy.Shape()))
@@ -250,13 +250,13 @@ func (e *Executor) layoutBackward(r *run, i int, nd *graph.Node, dy Tensor) erro
 	dx := tx.dst
 	switch nd.Op {
 	case graph.OpTranspose:
-		inv := make([]int, len(a.Perm))
-		for k, p := range a.Perm {
+		inv := make([]int, len(la.Perm))
+		for k, p := range la.Perm {
 			inv[p] = k
 		}
 		err = l.Permute(dx, dy, inv)
 	case graph.OpPad:
-		err = l.CopyBox(dx, dy, zeros(len(dx.Shape())), a.Pads[:len(dx.Shape())], dx.Shape(), false)
+		err = l.CopyBox(dx, dy, zeros(len(dx.Shape())), la.Pads[:len(dx.Shape())], dx.Shape(), false)
 	case graph.OpSlice:
 		if err = l.Fill(dx, 0); err == nil {
 			err = l.CopyBox(dx, dy, sliceOffset(nd, dx.Shape()), zeros(len(dx.Shape())), dy.Shape(), false)
@@ -277,7 +277,7 @@ func zeros(n int) []int { return make([]int, n) }
 func sliceOffset(nd *graph.Node, in []int) []int {
 	off := zeros(len(in))
 	ax := normAxis(nd.Attr.Axis, len(in))
-	off[ax], _ = sliceBounds(nd.Attr.Start, nd.Attr.End, in[ax])
+	off[ax], _ = sliceBounds(nd.Attr.Lay().Start, nd.Attr.Lay().End, in[ax])
 	return off
 }
 

@@ -28,13 +28,13 @@ func buildLayoutCase(c layoutCase) (*graph.Graph, *graph.MemWeights) {
 	case "shuffle":
 		// torchvision's channel_shuffle, with the sizes read from x.
 		k := int64(oc.Attr.Groups)
-		r1 := g.Add("r1", graph.OpReshape, graph.Attr{Layout: graph.Layout{Shape: []graph.Dim{
+		r1 := g.Add("r1", graph.OpReshape, graph.Attr{Layout: &graph.Layout{Shape: []graph.Dim{
 			graph.RefDim(0, 0), graph.ConstDim(k), {Ref: 0, From: 1, To: 2, Div: k}, graph.RefDim(0, 2), graph.RefDim(0, 3)}}}, nil, x)
-		t := g.Add("t", graph.OpTranspose, graph.Attr{Layout: graph.Layout{Perm: []int{0, 2, 1, 3, 4}}}, nil, r1)
-		g.Add("op", graph.OpReshape, graph.Attr{Layout: graph.Layout{Shape: []graph.Dim{
+		t := g.Add("t", graph.OpTranspose, graph.Attr{Layout: &graph.Layout{Perm: []int{0, 2, 1, 3, 4}}}, nil, r1)
+		g.Add("op", graph.OpReshape, graph.Attr{Layout: &graph.Layout{Shape: []graph.Dim{
 			graph.RefDim(1, 0), graph.ConstDim(-1), graph.RefDim(1, 2), graph.RefDim(1, 3)}}}, nil, t, x)
 	case "flat":
-		g.Add("op", graph.OpReshape, graph.Attr{Layout: graph.Layout{Shape: []graph.Dim{
+		g.Add("op", graph.OpReshape, graph.Attr{Layout: &graph.Layout{Shape: []graph.Dim{
 			{Ref: 0, From: 0, To: 2}, graph.ConstDim(-1)}}}, nil, x)
 	case "resize_up", "resize_down":
 		pre := g.Add("pre", graph.OpAvgPool, graph.Attr{KernelSize: [2]int{2, 2}, Stride: [2]int{2, 2}, CountIncludePad: true}, nil, x)
@@ -129,11 +129,11 @@ func TestLayoutRefusals(t *testing.T) {
 		op   graph.Op
 		attr graph.Attr
 	}{
-		{"bad perm", graph.OpTranspose, graph.Attr{Layout: graph.Layout{Perm: []int{0, 1, 1, 2}}}},
-		{"short perm", graph.OpTranspose, graph.Attr{Layout: graph.Layout{Perm: []int{0, 1}}}},
-		{"negative pad", graph.OpPad, graph.Attr{Layout: graph.Layout{Pads: []int{0, 0, -1, 0, 0, 0, 0, 0}}}},
-		{"empty slice", graph.OpSlice, graph.Attr{Axis: 1, Layout: graph.Layout{Start: 2, End: 2}}},
-		{"bad view", graph.OpReshape, graph.Attr{Layout: graph.Layout{Shape: []graph.Dim{graph.RefDim(0, 0), graph.ConstDim(5)}}}},
+		{"bad perm", graph.OpTranspose, graph.Attr{Layout: &graph.Layout{Perm: []int{0, 1, 1, 2}}}},
+		{"short perm", graph.OpTranspose, graph.Attr{Layout: &graph.Layout{Perm: []int{0, 1}}}},
+		{"negative pad", graph.OpPad, graph.Attr{Layout: &graph.Layout{Pads: []int{0, 0, -1, 0, 0, 0, 0, 0}}}},
+		{"empty slice", graph.OpSlice, graph.Attr{Axis: 1, Layout: &graph.Layout{Start: 2, End: 2}}},
+		{"bad view", graph.OpReshape, graph.Attr{Layout: &graph.Layout{Shape: []graph.Dim{graph.RefDim(0, 0), graph.ConstDim(5)}}}},
 		{"bad mode", graph.OpResize, graph.Attr{Mode: "bicubic"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
