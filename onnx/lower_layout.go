@@ -704,7 +704,9 @@ func toDim(e *sx, refs *[]*graph.Value) (graph.Dim, bool) {
 func (l *lowering) replace(n *graph.Node, op graph.Op, attr graph.Attr, params map[string]string, inputs ...*graph.Value) *graph.Node {
 	g := l.g
 	tmp := n.Name + "#lowered"
+	keep := g.Output // Add makes the new node the output
 	out := g.Add(tmp, op, attr, params, inputs...)
+	g.Output = keep
 	nd := out.Producer
 	// Move it from the end to just after n.
 	g.Nodes = g.Nodes[:len(g.Nodes)-1]
