@@ -1,0 +1,173 @@
+package onnx
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/abnconvert/abnconvert/graph"
+	"github.com/abnconvert/abnconvert/runtime"
+)
+
+// shapeDir holds fixtures/shape_nets.py's networks: a channel shuffle, an
+// inception-like block, a Linear(bias=False)+BatchNorm1d head and a
+// segmentation head resized to the input, exported by torch 1.13 with
+// training=PRESERVE and dynamic axes at opsets 11, 13 and 17.
+const shapeDir = "../fixtures/testdata/shape"
+
+// TestLowerLayoutExports lowers torch's exports: no opaque node is left,
+// the layout ops expected are there, the graph runs at a batch size and
+// resolution other than the export's and reproduces PyTorch's eval and
+// training-mode outputs there, and the shape-only backend keeps for
+// backward what PyTorch's saved-tensor hooks count.
+func TestLowerLayoutExports(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		want map[graph.Op]int
+		// dropout: the training forward draws a mask torch does not.
+		dropout bool
+		// extraSaved is what the runtime keeps beyond PyTorch: its Slice
+		// is a copy where torch's chunk is a view of a tensor already
+		// kept (the branch's first convolution keeps that copy).
+		extraSaved int64
+	}{
+		{name: "shuffle", want: map[graph.Op]int{graph.OpSlice: 2, graph.OpReshape: 2, graph.OpTranspose: 1, graph.OpConcat: 1}, extraSaved: 3 * 4 * 12 * 12 * 4},
+		{name: "inception", want: map[graph.Op]int{graph.OpPad: 1, graph.OpMaxPool: 1, graph.OpAvgPool: 1, graph.OpConcat: 1}},
+		{name: "head", want: map[graph.Op]int{graph.OpLinear: 2, graph.OpBatchNorm: 2, graph.OpDropout: 1}, dropout: true},
+		{name: "seg", want: map[graph.Op]int{graph.OpResize: 2, graph.OpAdd: 1}},
+	} {
+		var gold actsGolden
+		b, err := os.ReadFile(filepath.Join(shapeDir, tc.name+".json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(b, &gold); err != nil {
+			t.Fatal(err)
+		}
+		for _, opset := range []int{11, 13, 17} {
+			t.Run(fmt.Sprintf("%s_opset%d", tc.name, opset), func(t *testing.T) {
+				m := mustRead(t, filepath.Join(shapeDir, fmt.Sprintf("%s_op%d.onnx", tc.name, opset)))
+				n, err := m.LowerLayout()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if n == 0 {
+					t.Error("nothing lowered")
+				}
+				for _, nd := range m.Graph.Nodes {
+					if IsOpaque(nd.Op) {
+						t.Errorf("opaque node left: %s (%s)", nd.Name, nd.Op)
+					}
+				}
+				got := opCount(m.Graph)
+				for op, k := range tc.want {
+					if got[op] != k {
+						t.Errorf("%d %s nodes, want %d\n%s", got[op], op, k, m.Graph)
+					}
+				}
+				if err := m.Write(filepath.Join(t.TempDir(), "out.onnx"), WriteOptions{}); err == nil || !strings.Contains(err.Error(), "lowered") {
+					t.Errorf("writing a lowered model: %v, want a refusal", err)
+				}
+				x := &runtime.HostTensor{Shape: gold.Input, Data: f32s(gold.InputValues)}
+				for _, training := range []bool{false, true} {
+					if training && tc.dropout {
+						continue
+					}
+					e, err := runtime.New(m.Graph, m.Weights, runtime.NewCPU(2), runtime.Options{})
+					if err != nil {
+						t.Fatal(err)
+					}
+					y, err := e.Forward(x, training)
+					e.Close()
+					if err != nil {
+						t.Fatal(err)
+					}
+					ref := gold.EvalOutput
+					if training {
+						ref = gold.TrainOutput
+					}
+					if fmt.Sprint(y.Shape) != fmt.Sprint(gold.OutputShape) {
+						t.Fatalf("output %v, torch %v", y.Shape, gold.OutputShape)
+					}
+					if e := maxRel(y.Data, ref); e > 1e-4 {
+						t.Errorf("training=%v: output differs from PyTorch's by %.2e", training, e)
+					}
+				}
+				e, err := runtime.New(m.Graph, m.Weights, runtime.NewShapes(), runtime.Options{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer e.Close()
+				if _, err := e.Forward(&runtime.HostTensor{Shape: gold.Input}, true); err != nil {
+					t.Fatal(err)
+				}
+				if got, want := e.Memory().SavedBytes, gold.SavedBytes+tc.extraSaved; got != want {
+					t.Errorf("saved for backward %d bytes, PyTorch %d (+%d known)", got, gold.SavedBytes, tc.extraSaved)
+				}
+			})
+		}
+	}
+}
+
+func maxRel(got []float32, want []float64) float64 {
+	if len(got) != len(want) {
+		return 1e9
+	}
+	var num, den float64
+	for i, w := range want {
+		num = max(num, math.Abs(float64(got[i])-w))
+		den = max(den, math.Abs(w))
+	}
+	if den == 0 {
+		return num
+	}
+	return num / den
+}
+
+// TestLowerLayoutSymbols checks the symbolic evaluation on its own: integer
+// division floors, products of adjacent dimensions merge, and what cannot
+// be expressed stays unlowered.
+func TestLowerLayoutSymbols(t *testing.T) {
+	v := &graph.Value{Name: "x"}
+	d := func(axis int) *sx { return &sx{op: 'd', v: v, axis: axis} }
+	must := func(e *sx, err error) *sx {
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	q := must(arith('/', sc(-7), sc(2)))
+	if q.c != -4 {
+		t.Errorf("-7 // 2 = %d, want -4", q.c)
+	}
+	for _, tc := range []struct {
+		name string
+		e    *sx
+		want string
+		ok   bool
+	}{
+		{"dim", d(2), "in0.shape[2]", true},
+		{"half", must(arith('/', d(1), sc(2))), "in0.shape[1] // 2", true},
+		{"hw", must(arith('*', d(2), d(3))), "in0.shape[2:4].numel()", true},
+		{"scaled", must(arith('*', sc(3), d(0))), "in0.shape[0] * 3", true},
+		{"const", must(arith('-', sc(8), sc(3))), "5", true},
+		{"sum", must(arith('+', d(2), sc(1))), "", false},
+		{"apart", must(arith('*', d(1), d(3))), "", false},
+	} {
+		refs := []*graph.Value{v}
+		dim, ok := toDim(tc.e, &refs)
+		if ok != tc.ok {
+			t.Errorf("%s: ok %v, want %v", tc.name, ok, tc.ok)
+			continue
+		}
+		if ok {
+			if s := dim.String(func(k int) string { return fmt.Sprintf("in%d", k) }); s != tc.want {
+				t.Errorf("%s: %s, want %s", tc.name, s, tc.want)
+			}
+		}
+	}
+}
