@@ -29,6 +29,18 @@ func (m *Model) LowerLayout() (int, error) {
 	for v, name := range m.valueName {
 		l.byName[name] = v
 	}
+	l.declared = map[string]int{}
+	l.shapes = map[*graph.Value][]*sx{}
+	gp := m.proto.Graph
+	for _, list := range [][]*pb.ValueInfoProto{gp.Input, gp.Output, gp.ValueInfo} {
+		for _, vi := range list {
+			if tt := vi.GetType().GetTensorType(); tt != nil && tt.Shape != nil && len(tt.Shape.Dim) >= 2 {
+				if c := tt.Shape.Dim[1].GetDimValue(); c > 0 {
+					l.declared[vi.GetName()] = int(c)
+				}
+			}
+		}
+	}
 	l.inRank = 4
 	for _, in := range m.proto.Graph.Input {
 		if in.GetName() == m.valueName[m.Graph.Input] {
@@ -68,6 +80,13 @@ type lowering struct {
 	sym    map[*graph.Value]*symT
 	byName map[string]*graph.Value
 	dead   map[*graph.Node]bool // shape-computing nodes, removed once unread
+	// declared is dimension 1 of the shapes the exporter declared
+	// (value_info), where concrete.
+	declared map[string]int
+	// shapes are the symbolic shapes of lowered values, where they say
+	// more than their dimensions do (a Reshape's target, a Transpose's
+	// permutation of it).
+	shapes map[*graph.Value][]*sx
 	inRank int
 	count  int
 }
@@ -177,6 +196,7 @@ func (l *lowering) arg(p *pb.NodeProto, k int) (*symT, *graph.Value, bool) {
 }
 
 func (l *lowering) node(n *graph.Node, p *pb.NodeProto) error {
+	l.fillChannels(n)
 	if d := p.GetDomain(); d != "" && d != "ai.onnx" {
 		return nil
 	}
@@ -307,7 +327,16 @@ func (l *lowering) node(n *graph.Node, p *pb.NodeProto) error {
 				attr.Layout.Perm = append(attr.Layout.Perm, int(perm[i]))
 			}
 		}
-		l.replace(n, graph.OpTranspose, attr, nil, xv)
+		nd := l.replace(n, graph.OpTranspose, attr, nil, xv)
+		in := l.shapeOf(xv, rank)
+		var sh []*sx
+		for _, p := range attr.Layout.Perm {
+			sh = append(sh, in[p])
+		}
+		l.shapes[nd.Out] = sh
+		if c := sh[1]; len(sh) > 1 && c.isConst() {
+			nd.Out.Channels = int(c.c)
+		}
 	case "Pad":
 		if a.str("mode", "constant") != "constant" || rank == 0 {
 			return nil
@@ -346,6 +375,8 @@ func (l *lowering) node(n *graph.Node, p *pb.NodeProto) error {
 		return l.resize(n, p, a, xv)
 	case "MatMul":
 		return l.matmul(n, p, xv, rank)
+	case "ReduceMean":
+		return l.mean(n, p, a, xv, rank)
 	}
 	return nil
 }
@@ -354,6 +385,9 @@ func (l *lowering) node(n *graph.Node, p *pb.NodeProto) error {
 func (l *lowering) dim(v *graph.Value, axis int) *sx {
 	if axis == 1 && v.Channels > 0 {
 		return sc(int64(v.Channels))
+	}
+	if c := l.declared[l.m.valueName[v]]; axis == 1 && c > 0 {
+		return sc(int64(c))
 	}
 	return &sx{op: 'd', v: v, axis: axis}
 }
@@ -633,6 +667,7 @@ func sliceBounds64(start, end int64, n int) (int, int) {
 // reshape replaces n by a Reshape of x to dims.
 func (l *lowering) reshape(n *graph.Node, x *graph.Value, dims []*sx) error {
 	refs := []*graph.Value{x}
+	dims = l.resolveInfer(x, dims)
 	var out []graph.Dim
 	for _, e := range dims {
 		d, ok := toDim(e, &refs)
@@ -641,7 +676,11 @@ func (l *lowering) reshape(n *graph.Node, x *graph.Value, dims []*sx) error {
 		}
 		out = append(out, d)
 	}
-	return l.reshapeDims(n, x, out, refs[1:]...)
+	if err := l.reshapeDims(n, x, out, refs[1:]...); err != nil {
+		return err
+	}
+	l.shapes[l.byName[l.m.valueName[n.Out]]] = dims
+	return nil
 }
 
 func (l *lowering) reshapeDims(n *graph.Node, x *graph.Value, dims []graph.Dim, refs ...*graph.Value) error {
@@ -761,7 +800,14 @@ func (l *lowering) slice(n *graph.Node, p *pb.NodeProto, x *graph.Value, rank in
 		ax = axes[0]
 	}
 	clamp := func(v int64) int { return int(min(max(v, -(1<<40)), 1<<40)) }
-	l.replace(n, graph.OpSlice, graph.Attr{Axis: int(ax), Layout: &graph.Layout{Start: clamp(starts[0]), End: clamp(ends[0])}}, nil, x)
+	nd := l.replace(n, graph.OpSlice, graph.Attr{Axis: int(ax), Layout: &graph.Layout{Start: clamp(starts[0]), End: clamp(ends[0])}}, nil, x)
+	if ax < 0 {
+		ax += int64(rank)
+	}
+	if c := l.dim(x, 1); ax == 1 && c.isConst() {
+		lo, hi := sliceBounds64(starts[0], ends[0], int(c.c))
+		nd.Out.Channels = hi - lo
+	}
 	return nil
 }
 
@@ -865,4 +911,168 @@ func (l *lowering) foldPadIntoPool(pool *graph.Node) {
 	pad.Out.Consumers = nil
 	x.Consumers = append(x.Consumers, pool)
 	l.g.Remove(pad)
+}
+
+// fillChannels sets the channel count of a value the reader could not
+// annotate because an input was opaque then.
+func (l *lowering) fillChannels(n *graph.Node) {
+	if n.Out.Channels != 0 || len(n.Inputs) == 0 || IsOpaque(n.Op) {
+		return
+	}
+	switch n.Op {
+	case graph.OpConcat:
+		if n.Attr.Axis != 1 && n.Attr.Axis != -3 {
+			return
+		}
+		c := 0
+		for _, in := range n.Inputs {
+			if in.Channels == 0 {
+				return
+			}
+			c += in.Channels
+		}
+		n.Out.Channels = c
+	case graph.OpReshape, graph.OpTranspose, graph.OpSlice, graph.OpFlatten, graph.OpLinear, graph.OpConv:
+	default:
+		n.Out.Channels = n.Inputs[0].Channels
+	}
+}
+
+// shapeOf is v's symbolic shape: what lowering recorded, or its dimensions.
+func (l *lowering) shapeOf(v *graph.Value, rank int) []*sx {
+	if s, ok := l.shapes[v]; ok {
+		return s
+	}
+	out := make([]*sx, rank)
+	for i := range out {
+		out[i] = l.dim(v, i)
+	}
+	return out
+}
+
+// factors splits a product into its constant and its other factors.
+func factors(e *sx, coef *int64, rest *[]*sx) bool {
+	switch {
+	case e.isConst():
+		*coef *= e.c
+		return true
+	case e.op == '*':
+		return factors(e.a, coef, rest) && factors(e.b, coef, rest)
+	case e.op == 'd':
+		*rest = append(*rest, e)
+		return true
+	}
+	return false
+}
+
+func sameSym(a, b *sx) bool {
+	return a.op == b.op && a.c == b.c && a.v == b.v && a.axis == b.axis &&
+		(a.a == nil) == (b.a == nil) && (a.a == nil || (sameSym(a.a, b.a) && sameSym(a.b, b.b)))
+}
+
+// resolveInfer replaces a Reshape's -1 by what it must be, when the
+// factors of the input's element count and of the other entries cancel
+// but for a constant: a channel shuffle's x.view(n, -1, h, w) has
+// c channels.
+func (l *lowering) resolveInfer(x *graph.Value, dims []*sx) []*sx {
+	infer := -1
+	for i, e := range dims {
+		if e.isConst() && e.c == -1 {
+			infer = i
+		}
+	}
+	rank := graph.Ranks(l.g, l.inRank)[x]
+	if infer < 0 || rank == 0 {
+		return dims
+	}
+	inCoef, outCoef := int64(1), int64(1)
+	var inRest, outRest []*sx
+	for _, e := range l.shapeOf(x, rank) {
+		if !factors(e, &inCoef, &inRest) {
+			return dims
+		}
+	}
+	for i, e := range dims {
+		if i != infer && !factors(e, &outCoef, &outRest) {
+			return dims
+		}
+	}
+	for _, o := range outRest {
+		found := false
+		for k, in := range inRest {
+			if sameSym(in, o) {
+				inRest = append(inRest[:k], inRest[k+1:]...)
+				found = true
+				break
+			}
+		}
+		if !found {
+			return dims
+		}
+	}
+	if len(inRest) != 0 || outCoef == 0 || inCoef%outCoef != 0 {
+		return dims
+	}
+	out := append([]*sx(nil), dims...)
+	out[infer] = sc(inCoef / outCoef)
+	return out
+}
+
+// mean lowers x.mean((2, 3)) (ReduceMean over H and W, keepdims 0, as
+// shufflenet and mnasnet end) to the reader's global average pool of the
+// keepdims form, then a Reshape to (N, C).
+func (l *lowering) mean(n *graph.Node, p *pb.NodeProto, a attrs, x *graph.Value, rank int) error {
+	if rank != 4 || a.int("keepdims", 1) != 0 || !a.only("axes", "keepdims") {
+		return nil
+	}
+	axes := a.ints("axes")
+	if len(p.Input) > 1 {
+		s, _, ok := l.arg(p, 1)
+		if !ok || s == nil {
+			return nil
+		}
+		c, isConst := s.ints()
+		if !isConst {
+			return nil
+		}
+		axes = c
+	}
+	if len(axes) != 2 || !((axes[0] == 2 && axes[1] == 3) || (axes[0] == -2 && axes[1] == -1)) {
+		return nil
+	}
+	g := l.g
+	pool := l.replace(n, graph.OpAdaptiveAvgPool, graph.Attr{OutputSize: [2]int{1, 1}}, nil, x)
+	pool.Out.Channels = x.Channels
+	name := pool.Name
+	g.Rename(pool, name+"_pool")
+	consumers := append([]*graph.Node(nil), pool.Out.Consumers...)
+	wasOut := g.Output == pool.Out
+	keep := g.Output
+	out := g.Add(name, graph.OpReshape, graph.Attr{Layout: &graph.Layout{Shape: []graph.Dim{graph.RefDim(0, 0), graph.RefDim(0, 1)}}}, nil, pool.Out)
+	g.Output = keep
+	nd := out.Producer
+	g.Nodes = g.Nodes[:len(g.Nodes)-1]
+	for i, m := range g.Nodes {
+		if m == pool {
+			g.Nodes = append(g.Nodes[:i+1], append([]*graph.Node{nd}, g.Nodes[i+1:]...)...)
+			break
+		}
+	}
+	for _, c := range consumers {
+		for k, in := range c.Inputs {
+			if in == pool.Out {
+				c.Inputs[k] = out
+			}
+		}
+		out.Consumers = append(out.Consumers, c)
+	}
+	pool.Out.Consumers = []*graph.Node{nd}
+	if wasOut {
+		g.Output = out
+	}
+	out.Channels = x.Channels
+	onnxName := l.m.valueName[pool.Out]
+	l.byName[onnxName] = out
+	l.m.valueName[out] = onnxName
+	return nil
 }
