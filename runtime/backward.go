@@ -253,6 +253,11 @@ func (e *Executor) backward(r *run, i int, nd *graph.Node) error {
 	if isLayoutOp(nd, r.inShapes(e, nd)) {
 		return e.layoutBackward(r, i, nd, dy.t)
 	}
+	restore, err := e.rematerialize(r, i, nd)
+	defer restore()
+	if err != nil {
+		return err
+	}
 	switch nd.Op {
 	case graph.OpConv, graph.OpLinear:
 		tx, tw, tb, err := e.layerTargets(r, nd, nil)

@@ -347,3 +347,62 @@ func (r *run) inShapes(e *Executor, nd *graph.Node) [][]int {
 	}
 	return ins
 }
+
+// savedInput is the storage node i keeps when it keeps its input k. A
+// Slice's output is a copy here, where torch's x[:, a:b] and x.chunk are
+// views that keep the whole tensor they slice: so a node keeping a Slice
+// output keeps the sliced tensor instead, as PyTorch's saved-tensor
+// figure counts it, and its backward slices it again (rematerialize).
+func (p *plan) savedInput(nd *graph.Node, i, k int, sto func(int) int, index map[*graph.Node]int) int {
+	src := nd.Inputs[k].Producer
+	if src.Op != graph.OpSlice || src.Inputs[0].Producer.Op == graph.OpSlice {
+		return sto(index[src])
+	}
+	if p.remat == nil {
+		p.remat = map[int][]int{}
+	}
+	for _, kk := range p.remat[i] {
+		if kk == k {
+			return sto(index[src.Inputs[0].Producer])
+		}
+	}
+	p.remat[i] = append(p.remat[i], k)
+	return sto(index[src.Inputs[0].Producer])
+}
+
+// rematerialize slices again, into temporaries, the Slice outputs node nd
+// kept as the tensors they slice; restore frees them.
+func (e *Executor) rematerialize(r *run, i int, nd *graph.Node) (restore func(), err error) {
+	var temps []int
+	restore = func() {
+		for _, j := range temps {
+			e.b.Free(r.vals[j])
+			r.vals[j] = nil
+		}
+	}
+	for _, k := range r.p.remat[i] {
+		j := e.index[nd.Inputs[k].Producer]
+		if r.vals[j] != nil {
+			continue // still live
+		}
+		l, err := e.layout()
+		if err != nil {
+			return restore, err
+		}
+		sl := e.g.Nodes[j]
+		src := e.in(r, sl, 0)
+		if src == nil {
+			return restore, failure.Internalf("the tensor %s slices is not live (plan bug)", sl.Name)
+		}
+		t, err := e.b.Alloc(r.p.shapes[j], r.p.act)
+		if err != nil {
+			return restore, err
+		}
+		r.vals[j] = t
+		temps = append(temps, j)
+		if err := l.CopyBox(t, src, zeros(len(t.Shape())), sliceOffset(sl, src.Shape()), t.Shape(), false); err != nil {
+			return restore, err
+		}
+	}
+	return restore, nil
+}

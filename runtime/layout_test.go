@@ -33,6 +33,12 @@ func buildLayoutCase(c layoutCase) (*graph.Graph, *graph.MemWeights) {
 		t := g.Add("t", graph.OpTranspose, graph.Attr{Layout: &graph.Layout{Perm: []int{0, 2, 1, 3, 4}}}, nil, r1)
 		g.Add("op", graph.OpReshape, graph.Attr{Layout: &graph.Layout{Shape: []graph.Dim{
 			graph.RefDim(1, 0), graph.ConstDim(-1), graph.RefDim(1, 2), graph.RefDim(1, 3)}}}, nil, t, x)
+	case "slice_conv":
+		params := map[string]string{graph.RoleWeight: "op.weight"}
+		pw := oc.Params[graph.RoleWeight]
+		w.Put("op.weight", pw.Shape, pw.Values)
+		s := g.Add("s", graph.OpSlice, graph.Attr{Axis: 1, Layout: &graph.Layout{Start: 1, End: 3}}, nil, x)
+		g.Add("op", graph.OpConv, oc.Attr, params, s)
 	case "flat":
 		g.Add("op", graph.OpReshape, graph.Attr{Layout: &graph.Layout{Shape: []graph.Dim{
 			{Ref: 0, From: 0, To: 2}, graph.ConstDim(-1)}}}, nil, x)

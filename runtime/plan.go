@@ -56,6 +56,10 @@ type plan struct {
 	allocAt [][]int
 	freeAt  [][]int
 	flops   []nodeFlops
+	// remat lists, per node, the inputs that are Slice outputs it keeps
+	// as the sliced tensor (see savedInput); its backward slices them
+	// again.
+	remat map[int][]int
 }
 
 // pass is where one execution of a node (its forward, or its recomputation)
@@ -476,7 +480,7 @@ func (p *plan) planWeightCopy(nd *graph.Node, i int, pp *pass, ev int) {
 // original network compares with PyTorch's, and what the InPlace-ABN paper
 // and the memory-efficient DenseNet report keep for the converted layers.
 func (p *plan) planSaves(g *graph.Graph, nd *graph.Node, i int, pp *pass, sto func(int) int, index map[*graph.Node]int) {
-	in := func(k int) int { return sto(index[nd.Inputs[k].Producer]) }
+	in := func(k int) int { return p.savedInput(nd, i, k, sto, index) }
 	out := pp.store
 	if gr := p.group[i]; gr != nil {
 		at := p.bpos[gr.conv]
