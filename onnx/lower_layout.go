@@ -2,6 +2,7 @@ package onnx
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/abnconvert/abnconvert/graph"
 	"github.com/abnconvert/abnconvert/onnx/internal/pb"
@@ -860,6 +861,9 @@ func (l *lowering) matmul(n *graph.Node, p *pb.NodeProto, x *graph.Value, rank i
 	if rank != 2 || len(p.Input) != 2 {
 		return nil
 	}
+	if src, ok := l.m.params[p.Input[1]]; ok {
+		return l.foldedMatMul(n, p, x, src)
+	}
 	tv := l.byName[p.Input[1]]
 	if tv == nil || !IsOpaque(tv.Producer.Op) {
 		return nil
@@ -1074,5 +1078,44 @@ func (l *lowering) mean(n *graph.Node, p *pb.NodeProto, a attrs, x *graph.Value,
 	onnxName := l.m.valueName[pool.Out]
 	l.byName[onnxName] = out
 	l.m.valueName[out] = onnxName
+	return nil
+}
+
+// foldedMatMul lowers MatMul(x, W') where W' is an initializer torch's
+// constant folding made of Linear(bias=False)'s transposed weight, under a
+// name of its own ("onnx::MatMul_25"): the module path is read off the
+// node's scope name ("/fc1/MatMul": fc1), and the key fc1.weight is added
+// to the model's weights with W' transposed back, so that the state dict's
+// fc1.weight matches it.
+func (l *lowering) foldedMatMul(n *graph.Node, p *pb.NodeProto, x *graph.Value, src *paramSrc) error {
+	parts := strings.Split(strings.Trim(p.GetName(), "/"), "/")
+	if len(src.td.shape) != 2 || len(parts) < 2 || parts[len(parts)-1] != "MatMul" || src.td.ext != nil {
+		return nil
+	}
+	key := parts[len(parts)-2] + "." + graph.RoleWeight
+	if _, taken := l.m.Weights.byKey[key]; taken || strings.HasSuffix(p.Input[1], "."+graph.RoleWeight) {
+		return nil
+	}
+	v, err := src.td.values()
+	if err != nil {
+		return nil
+	}
+	in, out := src.td.shape[0], src.td.shape[1]
+	f := make([]float32, len(v))
+	for i := 0; i < in; i++ {
+		for j := 0; j < out; j++ {
+			f[j*in+i] = float32(v[i*out+j])
+		}
+	}
+	dt := dtFloat
+	td, err := inspectTensor(&pb.TensorProto{Name: &key, DataType: &dt, Dims: []int64{int64(out), int64(in)}, FloatData: f}, l.m.dir)
+	if err != nil {
+		return fmt.Errorf("transposing %s: %w", p.Input[1], err)
+	}
+	ps := &paramSrc{root: key, td: td, node: -1}
+	l.m.params[key] = ps
+	l.m.Weights.add(&param{key: key, value: key, src: ps})
+	nd := l.replace(n, graph.OpLinear, graph.Attr{OutChannels: out, InChannels: in}, map[string]string{graph.RoleWeight: key}, x)
+	nd.Out.Channels = out
 	return nil
 }
