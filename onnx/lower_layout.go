@@ -378,6 +378,8 @@ func (l *lowering) node(n *graph.Node, p *pb.NodeProto) error {
 		return l.matmul(n, p, xv, rank)
 	case "ReduceMean":
 		return l.mean(n, p, a, xv, rank)
+	case "Split":
+		return l.split(n, p, a, xv, rank)
 	}
 	return nil
 }
@@ -1117,5 +1119,76 @@ func (l *lowering) foldedMatMul(n *graph.Node, p *pb.NodeProto, x *graph.Value, 
 	l.m.Weights.add(&param{key: key, value: key, src: ps})
 	nd := l.replace(n, graph.OpLinear, graph.Attr{OutChannels: out, InChannels: in}, map[string]string{graph.RoleWeight: key}, x)
 	nd.Out.Channels = out
+	return nil
+}
+
+// split lowers Split (torch.split, x.chunk) into one Slice per output: the
+// node's output 0 and the projection nodes of its further outputs.
+func (l *lowering) split(n *graph.Node, p *pb.NodeProto, a attrs, x *graph.Value, rank int) error {
+	if rank == 0 || !a.only("axis", "split", "num_outputs") {
+		return nil
+	}
+	ax := int(a.int("axis", 0))
+	if ax < 0 {
+		ax += rank
+	}
+	size := l.dim(x, ax)
+	if !size.isConst() && ax != 1 {
+		return nil
+	}
+	sizes := a.ints("split")
+	if len(p.Input) > 1 && p.Input[1] != "" {
+		s, _, ok := l.arg(p, 1)
+		if !ok || s == nil {
+			return nil
+		}
+		c, isConst := s.ints()
+		if !isConst {
+			return nil
+		}
+		sizes = c
+	}
+	if sizes == nil {
+		if !size.isConst() {
+			return nil
+		}
+		k := int64(len(p.Output))
+		per := (size.c + k - 1) / k
+		for i := int64(0); i < k; i++ {
+			sizes = append(sizes, min(per, size.c-i*per))
+		}
+	}
+	if len(sizes) != len(p.Output) {
+		return nil
+	}
+	// The projections of outputs 1.. read n's output: each becomes a Slice
+	// of x first.
+	start := make([]int, len(sizes)+1)
+	for i, s := range sizes {
+		start[i+1] = start[i] + int(s)
+	}
+	for _, c := range append([]*graph.Node(nil), n.Out.Consumers...) {
+		sp := l.m.special[c]
+		if c.Op != OpOutput || sp == nil || sp.kind != specialProjection {
+			continue
+		}
+		k := -1
+		for i, o := range p.Output {
+			if o == sp.name {
+				k = i
+			}
+		}
+		if k <= 0 {
+			return nil
+		}
+		nd := l.replace(c, graph.OpSlice, graph.Attr{Axis: ax, Layout: &graph.Layout{Start: start[k], End: start[k+1]}}, nil, x)
+		if ax == 1 {
+			nd.Out.Channels = int(sizes[k])
+		}
+	}
+	nd := l.replace(n, graph.OpSlice, graph.Attr{Axis: ax, Layout: &graph.Layout{Start: 0, End: start[1]}}, nil, x)
+	if ax == 1 {
+		nd.Out.Channels = int(sizes[0])
+	}
 	return nil
 }
