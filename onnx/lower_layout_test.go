@@ -38,7 +38,7 @@ func TestLowerLayoutExports(t *testing.T) {
 	}{
 		{name: "shuffle", want: map[graph.Op]int{graph.OpSlice: 2, graph.OpReshape: 2, graph.OpTranspose: 1, graph.OpConcat: 1}},
 		{name: "inception", want: map[graph.Op]int{graph.OpPad: 1, graph.OpMaxPool: 1, graph.OpAvgPool: 1, graph.OpConcat: 2, graph.OpSlice: 2}},
-		{name: "head", want: map[graph.Op]int{graph.OpLinear: 2, graph.OpBatchNorm: 2, graph.OpDropout: 1}, dropout: true},
+		{name: "head", want: map[graph.Op]int{graph.OpLinear: 2, graph.OpBatchNorm: 2, graph.OpDropout: 1, graph.OpReshape: 2}, dropout: true},
 		{name: "seg", want: map[graph.Op]int{graph.OpResize: 2, graph.OpAdd: 1}},
 		// Constant folding made Linear(bias=False)'s weight an initializer
 		// "onnx::MatMul_25" of shape [in, out].
