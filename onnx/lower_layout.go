@@ -69,6 +69,15 @@ func (m *Model) LowerLayout() (int, error) {
 	if l.count > 0 {
 		m.lowered = true
 	}
+	inGraph := map[*graph.Node]bool{}
+	for _, n := range l.g.Nodes {
+		inGraph[n] = true
+	}
+	for _, info := range m.infos {
+		if info.kind == kindOpaque && info.ir != nil && !inGraph[info.ir] {
+			info.lowered = true
+		}
+	}
 	if err := l.g.Validate(); err != nil {
 		return l.count, fmt.Errorf("lowering the layout ops: %w", err)
 	}

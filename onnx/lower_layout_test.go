@@ -68,6 +68,9 @@ func TestLowerLayoutExports(t *testing.T) {
 				if n == 0 {
 					t.Error("nothing lowered")
 				}
+				if o := m.Opaque(); len(o) != 0 {
+					t.Errorf("Opaque lists lowered ops: %v", o)
+				}
 				for _, nd := range m.Graph.Nodes {
 					if IsOpaque(nd.Op) {
 						t.Errorf("opaque node left: %s (%s)", nd.Name, nd.Op)
