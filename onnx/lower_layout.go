@@ -213,7 +213,7 @@ func (l *lowering) node(n *graph.Node, p *pb.NodeProto) error {
 	op := p.GetOpType()
 	a := nodeAttrs(p)
 	// A shape computation: every input symbolic (Shape: of anything).
-	if shapeOps[op] && len(n.Out.Consumers) >= 0 {
+	if shapeOps[op] {
 		allSym := len(p.Input) > 0
 		for k := range p.Input {
 			if p.Input[k] == "" {
@@ -723,14 +723,14 @@ func toDim(e *sx, refs *[]*graph.Value) (graph.Dim, bool) {
 	case 'd':
 		return graph.RefDim(ref(e.v), e.axis), true
 	case '*':
-		if e.b.isConst() {
+		if e.b.isConst() && e.b.c > 0 {
 			d, ok := toDim(e.a, refs)
 			if ok && d.Ref >= 0 && d.Mul == 0 && d.Div == 0 {
 				d.Mul = e.b.c
 				return d, true
 			}
 		}
-		if e.a.isConst() {
+		if e.a.isConst() && !e.b.isConst() {
 			return toDim(&sx{op: '*', a: e.b, b: e.a}, refs)
 		}
 		da, oka := toDim(e.a, refs)
