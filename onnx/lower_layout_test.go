@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/abnconvert/abnconvert/graph"
+	"github.com/abnconvert/abnconvert/onnx/internal/pb"
 	"github.com/abnconvert/abnconvert/runtime"
 )
 
@@ -182,5 +183,72 @@ func TestLowerLayoutSymbols(t *testing.T) {
 				t.Errorf("%s: %s, want %s", tc.name, s, tc.want)
 			}
 		}
+	}
+}
+
+// TestLowerLayoutCases: hand-built graphs, x -> Conv -> BN -> Relu "r" ->
+// the node under test -> y, each lowered or left opaque (and then still
+// listed by Opaque, so that --graph refuses it by name).
+func TestLowerLayoutCases(t *testing.T) {
+	i64 := func(name string, v ...int64) func(b *mb) string {
+		return func(b *mb) string {
+			dt := dtInt64
+			b.m.Graph.Initializer = append(b.m.Graph.Initializer, &pb.TensorProto{Name: strp(name), Dims: []int64{int64(len(v))}, DataType: &dt, Int64Data: v})
+			return name
+		}
+	}
+	for _, tc := range []struct {
+		name  string
+		op    string
+		extra []func(b *mb) string // further inputs
+		attrs []*pb.AttributeProto
+		want  graph.Op // "" when it must stay opaque
+	}{
+		{"transpose", "Transpose", nil, []*pb.AttributeProto{aInts("perm", 0, 2, 3, 1)}, graph.OpTranspose},
+		{"pad", "Pad", []func(b *mb) string{i64("pads", 0, 0, 1, 0, 0, 0, 0, 2)}, nil, graph.OpPad},
+		{"pad reflect", "Pad", []func(b *mb) string{i64("pads", 0, 0, 1, 0, 0, 0, 0, 2)}, []*pb.AttributeProto{aStr("mode", "reflect")}, ""},
+		{"slice", "Slice", []func(b *mb) string{i64("s", 1), i64("e", 3), i64("a", 1)}, nil, graph.OpSlice},
+		{"slice step 2", "Slice", []func(b *mb) string{i64("s", 0), i64("e", 3), i64("a", 1), i64("st", 2)}, nil, ""},
+		{"unsqueeze", "Unsqueeze", []func(b *mb) string{i64("axes", -1)}, nil, graph.OpReshape},
+		{"squeeze without axes", "Squeeze", nil, nil, ""},
+		{"reshape constant", "Reshape", []func(b *mb) string{i64("shape", 1, 3, -1)}, nil, graph.OpReshape},
+		{"mean", "ReduceMean", nil, []*pb.AttributeProto{aInts("axes", 2, 3), aInt("keepdims", 0)}, graph.OpReshape},
+		{"mean over C", "ReduceMean", nil, []*pb.AttributeProto{aInts("axes", 1), aInt("keepdims", 0)}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := convBNRelu()
+			b.m.Graph.Node[len(b.m.Graph.Node)-1].Output = []string{"r"}
+			in := []string{"r"}
+			for _, f := range tc.extra {
+				in = append(in, f(b))
+			}
+			b.node(tc.op, "under_test", in, []string{"y"}, tc.attrs...)
+			m, err := readBytes(t, b.bytes(t), ReadOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := m.LowerLayout(); err != nil {
+				t.Fatal(err)
+			}
+			out := m.Graph.Output.Producer
+			opaque := m.Opaque()
+			if tc.want == "" {
+				if !IsOpaque(out.Op) || len(opaque) != 1 || !strings.HasPrefix(opaque[0], tc.op) {
+					t.Errorf("lowered to %s (opaque: %v), want it left opaque", out.Op, opaque)
+				}
+				return
+			}
+			if out.Op != tc.want || len(opaque) != 0 {
+				t.Errorf("output node %s (opaque: %v), want %s", out.Op, opaque, tc.want)
+			}
+			e, err := runtime.New(m.Graph, m.Weights, runtime.NewShapes(), runtime.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			if _, err := e.Forward(&runtime.HostTensor{Shape: []int{1, 2, 5, 5}}, false); err != nil {
+				t.Errorf("running the lowered graph: %v", err)
+			}
+		})
 	}
 }
