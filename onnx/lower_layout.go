@@ -306,7 +306,7 @@ func (l *lowering) node(n *graph.Node, p *pb.NodeProto) error {
 			}
 		} else {
 			if len(axes) == 0 {
-				return nil // squeezes every 1: depends on the size
+				return l.why(n, "without axes it squeezes whatever is 1 at run time")
 			}
 			for i := 0; i < rank; i++ {
 				if !mark[i] {
@@ -349,7 +349,7 @@ func (l *lowering) node(n *graph.Node, p *pb.NodeProto) error {
 		}
 	case "Pad":
 		if a.str("mode", "constant") != "constant" || rank == 0 {
-			return nil
+			return l.why(n, "mode %s: only constant padding is modelled", a.str("mode", "constant"))
 		}
 		pads := a.ints("pads")
 		if s, _, ok := l.arg(p, 1); ok && s != nil {
@@ -684,7 +684,7 @@ func (l *lowering) reshape(n *graph.Node, x *graph.Value, dims []*sx) error {
 	for _, e := range dims {
 		d, ok := toDim(e, &refs)
 		if !ok {
-			return nil // stays opaque
+			return l.why(n, "a shape entry is not a product of dimensions, scaled or divided by constants")
 		}
 		out = append(out, d)
 	}
@@ -804,7 +804,7 @@ func (l *lowering) slice(n *graph.Node, p *pb.NodeProto, x *graph.Value, rank in
 	}
 	for _, s := range steps {
 		if s != 1 {
-			return nil
+			return l.why(n, "step %d: only slices with step 1 are modelled", s)
 		}
 	}
 	ax := int64(0)
@@ -827,7 +827,7 @@ func (l *lowering) slice(n *graph.Node, p *pb.NodeProto, x *graph.Value, rank in
 // and another value's height and width: F.interpolate(x, size=r.shape[-2:]).
 func (l *lowering) resize(n *graph.Node, p *pb.NodeProto, a attrs, x *graph.Value) error {
 	if len(p.Input) < 4 || p.Input[3] == "" {
-		return nil // scales: no reference size
+		return l.why(n, "resized by scales: only F.interpolate(x, size=other.shape[-2:]) is modelled")
 	}
 	s, _, ok := l.arg(p, 3)
 	if !ok || s == nil || len(s.v) != 4 {
@@ -844,7 +844,7 @@ func (l *lowering) resize(n *graph.Node, p *pb.NodeProto, a attrs, x *graph.Valu
 	case mode == "linear" && ct == "align_corners":
 		attr.Mode, attr.AlignCorners = "bilinear", true
 	default:
-		return nil
+		return l.why(n, "mode %s with coordinate_transformation_mode %s: only nearest (asymmetric, floor) and bilinear are modelled", mode, ct)
 	}
 	if ct == "pytorch_half_pixel" {
 		// Same as half_pixel except for an output of size 1.
@@ -856,7 +856,7 @@ func (l *lowering) resize(n *graph.Node, p *pb.NodeProto, a attrs, x *graph.Valu
 	}
 	h, w := s.v[2], s.v[3]
 	if !same(s.v[0], 0) || !same(s.v[1], 1) || h.op != 'd' || w.op != 'd' || h.v != w.v {
-		return nil
+		return l.why(n, "the sizes are not another tensor's height and width")
 	}
 	r := graph.Ranks(l.g, l.inRank)[h.v]
 	if r < 2 || h.axis != r-2 || w.axis != r-1 {
@@ -1198,6 +1198,15 @@ func (l *lowering) split(n *graph.Node, p *pb.NodeProto, a attrs, x *graph.Value
 	nd := l.replace(n, graph.OpSlice, graph.Attr{Axis: ax, Layout: &graph.Layout{Start: 0, End: start[1]}}, nil, x)
 	if ax == 1 {
 		nd.Out.Channels = int(sizes[0])
+	}
+	return nil
+}
+
+// why records, for an opaque node lowering leaves as it is, the reason
+// Opaque reports.
+func (l *lowering) why(n *graph.Node, format string, args ...any) error {
+	if info := l.m.byIR[n]; info != nil {
+		info.why = fmt.Sprintf(format, args...)
 	}
 	return nil
 }

@@ -203,17 +203,18 @@ func TestLowerLayoutCases(t *testing.T) {
 		extra []func(b *mb) string // further inputs
 		attrs []*pb.AttributeProto
 		want  graph.Op // "" when it must stay opaque
+		why   string   // then: what Opaque says
 	}{
-		{"transpose", "Transpose", nil, []*pb.AttributeProto{aInts("perm", 0, 2, 3, 1)}, graph.OpTranspose},
-		{"pad", "Pad", []func(b *mb) string{i64("pads", 0, 0, 1, 0, 0, 0, 0, 2)}, nil, graph.OpPad},
-		{"pad reflect", "Pad", []func(b *mb) string{i64("pads", 0, 0, 1, 0, 0, 0, 0, 2)}, []*pb.AttributeProto{aStr("mode", "reflect")}, ""},
-		{"slice", "Slice", []func(b *mb) string{i64("s", 1), i64("e", 3), i64("a", 1)}, nil, graph.OpSlice},
-		{"slice step 2", "Slice", []func(b *mb) string{i64("s", 0), i64("e", 3), i64("a", 1), i64("st", 2)}, nil, ""},
-		{"unsqueeze", "Unsqueeze", []func(b *mb) string{i64("axes", -1)}, nil, graph.OpReshape},
-		{"squeeze without axes", "Squeeze", nil, nil, ""},
-		{"reshape constant", "Reshape", []func(b *mb) string{i64("shape", 1, 3, -1)}, nil, graph.OpReshape},
-		{"mean", "ReduceMean", nil, []*pb.AttributeProto{aInts("axes", 2, 3), aInt("keepdims", 0)}, graph.OpReshape},
-		{"mean over C", "ReduceMean", nil, []*pb.AttributeProto{aInts("axes", 1), aInt("keepdims", 0)}, ""},
+		{"transpose", "Transpose", nil, []*pb.AttributeProto{aInts("perm", 0, 2, 3, 1)}, graph.OpTranspose, ""},
+		{"pad", "Pad", []func(b *mb) string{i64("pads", 0, 0, 1, 0, 0, 0, 0, 2)}, nil, graph.OpPad, ""},
+		{"pad reflect", "Pad", []func(b *mb) string{i64("pads", 0, 0, 1, 0, 0, 0, 0, 2)}, []*pb.AttributeProto{aStr("mode", "reflect")}, "", "only constant padding"},
+		{"slice", "Slice", []func(b *mb) string{i64("s", 1), i64("e", 3), i64("a", 1)}, nil, graph.OpSlice, ""},
+		{"slice step 2", "Slice", []func(b *mb) string{i64("s", 0), i64("e", 3), i64("a", 1), i64("st", 2)}, nil, "", "step 2"},
+		{"unsqueeze", "Unsqueeze", []func(b *mb) string{i64("axes", -1)}, nil, graph.OpReshape, ""},
+		{"squeeze without axes", "Squeeze", nil, nil, "", "without axes"},
+		{"reshape constant", "Reshape", []func(b *mb) string{i64("shape", 1, 3, -1)}, nil, graph.OpReshape, ""},
+		{"mean", "ReduceMean", nil, []*pb.AttributeProto{aInts("axes", 2, 3), aInt("keepdims", 0)}, graph.OpReshape, ""},
+		{"mean over C", "ReduceMean", nil, []*pb.AttributeProto{aInts("axes", 1), aInt("keepdims", 0)}, "", "keepdims 0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := convBNRelu()
@@ -233,7 +234,7 @@ func TestLowerLayoutCases(t *testing.T) {
 			out := m.Graph.Output.Producer
 			opaque := m.Opaque()
 			if tc.want == "" {
-				if !IsOpaque(out.Op) || len(opaque) != 1 || !strings.HasPrefix(opaque[0], tc.op) {
+				if !IsOpaque(out.Op) || len(opaque) != 1 || !strings.HasPrefix(opaque[0], tc.op) || !strings.Contains(opaque[0], tc.why) {
 					t.Errorf("lowered to %s (opaque: %v), want it left opaque", out.Op, opaque)
 				}
 				return
