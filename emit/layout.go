@@ -11,16 +11,17 @@ import (
 // isLayout reports whether checkLayout and layoutExpr handle op.
 func isLayout(op graph.Op) bool {
 	switch op {
-	case graph.OpReshape, graph.OpTranspose, graph.OpPad, graph.OpSlice, graph.OpResize:
+	case graph.OpReshape, graph.OpTranspose, graph.OpPad, graph.OpSlice:
 		return true
 	}
 	return false
 }
 
-// checkLayout checks the attributes of the layout ops (graph/layout.go) and
-// of Resize; any other op is not supported by the emitter.
+// checkLayout checks the attributes of the layout ops (graph/layout.go);
+// any other op is not supported by the emitter. (Resize is emitted with
+// the other ops, in python.go.)
 func checkLayout(n *graph.Node) error {
-	a, l := n.Attr, n.Attr.Lay()
+	l := n.Attr.Lay()
 	switch n.Op {
 	case graph.OpReshape:
 		if len(l.Shape) == 0 {
@@ -49,20 +50,13 @@ func checkLayout(n *graph.Node) error {
 			}
 		}
 	case graph.OpSlice:
-	case graph.OpResize:
-		if a.Mode != "nearest" && a.Mode != "bilinear" {
-			return fmt.Errorf("resize mode %q: want nearest or bilinear", a.Mode)
-		}
-		if a.Mode == "nearest" && a.AlignCorners {
-			return fmt.Errorf("nearest resizing has no align_corners")
-		}
 	default:
 		return failure.Unsupportedf("op %s not supported by the Python emitter", n.Op)
 	}
 	return nil
 }
 
-// layoutExpr is the Python expression of a layout op or Resize. Computed
+// layoutExpr is the Python expression of a layout op. Computed
 // shapes read the tensors' own sizes (x.shape), so the module runs at any
 // batch size and resolution.
 func (p *program) layoutExpr(n *graph.Node) (string, bool) {
@@ -108,14 +102,6 @@ func (p *program) layoutExpr(n *graph.Node) (string, bool) {
 			idx = "..., " + s + strings.Repeat(", :", -a.Axis-1)
 		}
 		return fmt.Sprintf("%s[%s]", in(0), idx), true
-	case graph.OpResize:
-		// To the second input's size at run time, as torchvision's
-		// segmentation models do: any input size works.
-		align := ""
-		if a.Mode != "nearest" {
-			align = ", align_corners=" + pyBool(a.AlignCorners)
-		}
-		return fmt.Sprintf("F.interpolate(%s, size=%s.shape[-2:], mode=%s%s)", in(0), in(1), pyStr(a.Mode), align), true
 	}
 	return "", false
 }
