@@ -44,6 +44,7 @@ interop: build
 	$(PYTHON) fixtures/interop.py --bin $(BIN)
 	$(PYTHON) fixtures/interop_graph.py --bin $(BIN)
 	$(PYTHON) fixtures/acts.py check --bin $(BIN)
+	$(PYTHON) fixtures/shape_nets.py check --bin $(BIN)
 	$(PYTHON) fixtures/ckpts.py check --bin $(BIN)
 	$(PYTHON) fixtures/weights_only.py check --bin $(BIN)
 
@@ -57,6 +58,7 @@ security-torch26: build torch26
 # resnext50_32x4d, wide_resnet50_2, vgg16_bn), generated on the fly.
 interop-big: build
 	$(PYTHON) fixtures/interop.py --bin $(BIN) --big --verify-seeds 5
+	$(PYTHON) fixtures/shape_tv.py --bin $(BIN)
 
 # Structure from whole pickled modules (dilated ResNet, segmentation, the
 # torchvision classifiers) at full size: the converted checkpoint in the
@@ -101,6 +103,8 @@ fixtures:
 	$(PYTHON) fixtures/formats4.py
 	$(PYTHON) fixtures/hostile.py
 	$(PYTHON) fixtures/ops.py
+	$(PYTHON) fixtures/layout_ops.py
+	$(PYTHON) fixtures/shape_nets.py gen
 
 bench: build
 	bash bench/convert.sh

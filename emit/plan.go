@@ -308,7 +308,7 @@ func normCtor(n *graph.Node) (string, error) {
 		args += ", track_running_stats=False"
 	}
 	if n.Op == graph.OpBatchNorm {
-		return "torch.nn.BatchNorm2d(" + args + ")", nil
+		return bnClass(n) + "(" + args + ")", nil
 	}
 	if err := checkActivation(n); err != nil {
 		return "", err
@@ -376,6 +376,9 @@ func checkParamless(n *graph.Node) error {
 			return fmt.Errorf("nearest resizing has no align_corners")
 		}
 	default:
+		if isLayout(n.Op) {
+			return checkLayout(n)
+		}
 		return failure.Unsupportedf("op %s not supported by the Python emitter", n.Op)
 	}
 	return nil
@@ -530,7 +533,7 @@ func private(v *graph.Value, g *graph.Graph) bool {
 	}
 	n := v.Producer
 	switch n.Op {
-	case graph.OpReLU, graph.OpInPlaceABN, graph.OpInPlaceABNSync, graph.OpFlatten, graph.OpDropout:
+	case graph.OpReLU, graph.OpInPlaceABN, graph.OpInPlaceABNSync, graph.OpFlatten, graph.OpDropout, graph.OpReshape, graph.OpSlice:
 		return false
 	case graph.OpABN:
 		return n.Attr.Activation == graph.ActIdentity

@@ -349,7 +349,10 @@ func (p *program) nodeLine(n *graph.Node) (string, error) {
 		}
 		expr = fmt.Sprintf("F.interpolate(%s, size=%s.shape[-2:], mode=%s%s)", in(0), in(1), pyStr(a.Mode), align)
 	default:
-		return "", failure.Unsupportedf("node %q: op %q not supported by the Python emitter", n.Name, n.Op)
+		var ok bool
+		if expr, ok = p.layoutExpr(n); !ok {
+			return "", failure.Unsupportedf("node %q: op %q not supported by the Python emitter", n.Name, n.Op)
+		}
 	}
 	return fmt.Sprintf("%s = %s  # %s: %s%s", p.vars[n.Out], expr, commentText(n.Name), n.Op, note), nil
 }

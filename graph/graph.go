@@ -128,6 +128,9 @@ type Attr struct {
 	// Resize.
 	Mode         string `json:"mode,omitempty"`
 	AlignCorners bool   `json:"align_corners,omitempty"`
+	// Reshape, Transpose, Pad, Slice (graph/layout.go); a pointer so that
+	// Attr stays comparable. Read it with Lay.
+	Layout *Layout `json:"layout,omitempty"`
 }
 
 // Node is one operation.
@@ -440,5 +443,5 @@ func (a Attr) summary(op Op) string {
 	case OpResize:
 		return fmt.Sprintf("%s align_corners=%v", a.Mode, a.AlignCorners)
 	}
-	return ""
+	return a.layoutSummary(op)
 }

@@ -34,6 +34,11 @@ func graphFromONNX(path string, w graph.Weights) (*graph.Graph, *arch.Match, err
 	if err != nil {
 		return nil, nil, err
 	}
+	// Shape subgraphs and layout ops become IR ops whose shapes follow the
+	// input (nothing writes this model back).
+	if _, err := m.LowerLayout(); err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", path, err)
+	}
 	g := m.Graph
 	stateKeys := w.Keys()
 	inState := map[string]bool{}

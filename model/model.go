@@ -253,6 +253,9 @@ func (n *Network) Rebuild(opt Options) (*graph.Graph, *arch.Match, error) {
 	// The graph is for running (memory measures it; nothing writes it):
 	// torch's zero Pads before AveragePool go.
 	m.DropZeroPads()
+	if _, err := m.LowerLayout(); err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", n.Path, err)
+	}
 	return m.Graph, n.Match, nil
 }
 

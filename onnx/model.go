@@ -123,6 +123,9 @@ type nodeInfo struct {
 	why string
 	// absorbed are the inner nodes of a fused pattern this node ends.
 	absorbed []*nodeInfo
+	// lowered: LowerLayout replaced the opaque node by IR ops, or removed
+	// it (a shape computation it evaluated).
+	lowered bool
 }
 
 type specialKind int
@@ -334,7 +337,7 @@ func (m *Model) Opaque() []string {
 	why := map[string]string{}
 	var ops []string
 	for _, info := range m.infos {
-		if info.kind != kindOpaque {
+		if info.kind != kindOpaque || info.lowered {
 			continue
 		}
 		op := info.proto.GetOpType()

@@ -250,6 +250,14 @@ func (e *Executor) backward(r *run, i int, nd *graph.Node) error {
 		}
 		return nil
 	}
+	if isLayoutOp(nd, r.inShapes(e, nd)) {
+		return e.layoutBackward(r, i, nd, dy.t)
+	}
+	restore, err := e.rematerialize(r, i, nd)
+	defer restore()
+	if err != nil {
+		return err
+	}
 	switch nd.Op {
 	case graph.OpConv, graph.OpLinear:
 		tx, tw, tb, err := e.layerTargets(r, nd, nil)
@@ -330,7 +338,7 @@ func (e *Executor) backward(r *run, i int, nd *graph.Node) error {
 			return err
 		}
 		return tx.finish()
-	case graph.OpFlatten, graph.OpDropout:
+	case graph.OpFlatten, graph.OpReshape, graph.OpDropout:
 		tx, err := e.inputTarget(r, nd, 0, &dy)
 		if err != nil {
 			return err

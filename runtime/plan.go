@@ -56,6 +56,10 @@ type plan struct {
 	allocAt [][]int
 	freeAt  [][]int
 	flops   []nodeFlops
+	// remat lists, per node, the inputs that are Slice outputs it keeps
+	// as the sliced tensor (see savedInput); its backward slices them
+	// again.
+	remat map[int][]int
 }
 
 // pass is where one execution of a node (its forward, or its recomputation)
@@ -230,7 +234,7 @@ func makePlanWith(g *graph.Graph, index map[*graph.Node]int, in []int, cfg planC
 		case gr != nil && (i == gr.abn || i == gr.act):
 			pp.store = abnBuf
 			pp.inPlace = i == gr.act
-		case nd.Op == graph.OpFlatten || (nd.Op == graph.OpDropout && !p.training):
+		case nd.Op == graph.OpFlatten || nd.Op == graph.OpReshape || (nd.Op == graph.OpDropout && !p.training):
 			pp.view = true
 			pp.store = sto(index[nd.Inputs[0].Producer])
 		case p.mayOverwrite(g, index, nd, i, k, sto):
@@ -476,7 +480,7 @@ func (p *plan) planWeightCopy(nd *graph.Node, i int, pp *pass, ev int) {
 // original network compares with PyTorch's, and what the InPlace-ABN paper
 // and the memory-efficient DenseNet report keep for the converted layers.
 func (p *plan) planSaves(g *graph.Graph, nd *graph.Node, i int, pp *pass, sto func(int) int, index map[*graph.Node]int) {
-	in := func(k int) int { return sto(index[nd.Inputs[k].Producer]) }
+	in := func(k int) int { return p.savedInput(nd, i, k, sto, index) }
 	out := pp.store
 	if gr := p.group[i]; gr != nil {
 		at := p.bpos[gr.conv]
@@ -699,14 +703,17 @@ func outShape(nd *graph.Node, input []int, ins [][]int, training bool) ([]int, e
 		}
 		return []int{x[0], a.OutChannels, h, w}, nil
 	case graph.OpBatchNorm, graph.OpABN, graph.OpInPlaceABN, graph.OpInPlaceABNSync:
-		if err := need4(); err != nil {
-			return nil, err
+		// (N, C, H, W), or (N, C) after a Linear (BatchNorm1d).
+		if len(ins[0]) != 2 {
+			if err := need4(); err != nil {
+				return nil, err
+			}
 		}
 		x := ins[0]
 		if a.Features != 0 && x[1] != a.Features {
 			return nil, fmt.Errorf("input has %d channels, the layer has %d features", x[1], a.Features)
 		}
-		if training && x[0]*x[2]*x[3] < 2 {
+		if training && numel(x)/x[1] < 2 {
 			return nil, fmt.Errorf("expected more than 1 value per channel when training, got input size %v", x)
 		}
 		if nd.Op == graph.OpInPlaceABN || nd.Op == graph.OpInPlaceABNSync {
@@ -746,6 +753,9 @@ func outShape(nd *graph.Node, input []int, ins [][]int, training bool) ([]int, e
 		}
 		return append([]int(nil), ins[0]...), nil
 	case graph.OpConcat:
+		if isLayoutOp(nd, ins) {
+			break
+		}
 		if a.Axis != 1 && a.Axis != -3 {
 			return nil, fmt.Errorf("concatenation along axis %d: only channels (1) are supported", a.Axis)
 		}
@@ -806,6 +816,9 @@ func outShape(nd *graph.Node, input []int, ins [][]int, training bool) ([]int, e
 			return nil, fmt.Errorf("input has %d features, the layer wants %d", x[1], a.InChannels)
 		}
 		return []int{x[0], a.OutChannels}, nil
+	}
+	if out, ok, err := layoutShape(nd, ins); ok {
+		return out, err
 	}
 	// The one place the runtime meets an op it does not model: every run
 	// plans first, so verify and memory refuse such a network here.

@@ -582,6 +582,9 @@ func normParams(nd *graph.Node) NormParams {
 func (e *Executor) forward(r *run, i int, nd *graph.Node, x *HostTensor, recompute bool) error {
 	b := e.b
 	y := r.vals[i]
+	if isLayoutOp(nd, r.inShapes(e, nd)) {
+		return e.layoutForward(r, i, nd)
+	}
 	switch nd.Op {
 	case graph.OpInput:
 		if b.Executes() {
@@ -623,7 +626,7 @@ func (e *Executor) forward(r *run, i int, nd *graph.Node, x *HostTensor, recompu
 		return b.AvgPool(y, e.in(r, nd, 0), poolParams(nd))
 	case graph.OpAdaptiveAvgPool:
 		return b.AdaptiveAvgPool(y, e.in(r, nd, 0))
-	case graph.OpFlatten:
+	case graph.OpFlatten, graph.OpReshape:
 		return nil
 	case graph.OpDropout:
 		if !r.p.training {
@@ -699,7 +702,8 @@ func (e *Executor) normalize(r *run, i int, nd *graph.Node, y, x Tensor, update 
 			factor = fault.momentum
 		}
 		sh := x.Shape()
-		count := sh[0] * sh[2] * sh[3]
+		// (N, C, H, W), or (N, C) after a Linear.
+		count := numel(sh) / sh[1]
 		if err := b.UpdateRunning(rm, rv, mean, variance, factor, count); err != nil {
 			return err
 		}

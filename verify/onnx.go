@@ -284,6 +284,11 @@ func lower(m *onnx.Model, path string) error {
 			return fmt.Errorf("%s: node %q: %w", path, name, err)
 		}
 	}
+	// Shape subgraphs and layout ops (channel shuffle, Resize to the
+	// input's size...) become IR ops whose shapes follow the input.
+	if _, err := m.LowerLayout(); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
 	return g.Validate()
 }
 
