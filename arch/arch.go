@@ -73,9 +73,15 @@ func Recognize(w graph.Weights, force string) (*graph.Graph, *Match, error) {
 	}
 	force = strings.TrimSpace(force)
 	if force == "" || force == "auto" {
+		if g, m, ok, err := recognizeTree(w, keys); ok {
+			return g, m, err
+		}
 		return detect(w, keys)
 	}
 	c, ok := lookup(force)
+	if !ok && isTreeName(force) {
+		return forceTree(w, keys, force)
+	}
 	if !ok {
 		return nil, nil, fmt.Errorf("unknown architecture %q; supported: auto, %s", force, strings.Join(Names(), ", "))
 	}

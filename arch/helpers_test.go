@@ -71,7 +71,13 @@ func legacyKeys(ts []tensor) []tensor {
 // testdata/gen_keys.py with real torchvision).
 func loadTorchvision(t *testing.T) map[string][]tensor {
 	t.Helper()
-	f, err := os.Open(filepath.Join("testdata", "torchvision_keys.json.gz"))
+	return loadKeyFile(t, "torchvision_keys.json.gz")
+}
+
+// loadKeyFile reads a testdata/*.json.gz of name: [[key, shape], ...].
+func loadKeyFile(t *testing.T, file string) map[string][]tensor {
+	t.Helper()
+	f, err := os.Open(filepath.Join("testdata", file))
 	if err != nil {
 		t.Fatal(err)
 	}
