@@ -33,6 +33,8 @@ import (
 const (
 	classSequential = "torch.nn.modules.container.Sequential"
 	classIdentity   = "torch.nn.modules.linear.Identity"
+	// classStochasticDepth is torchvision.ops' StochasticDepth module.
+	classStochasticDepth = "torchvision.ops.stochastic_depth.StochasticDepth"
 )
 
 // moduleFamily maps the torchvision model classes whose forward is rebuilt
@@ -236,7 +238,6 @@ const mobileNetSegmentation = "its backbone hands the head two intermediate outp
 var notBuilt = map[string]string{
 	"torchvision.models.segmentation.lraspp.LRASPP": "abnconvert does not rebuild LRASPP's forward yet: " + mobileNetSegmentation +
 		", and its LRASPPHead gates the high-level features (Sigmoid, broadcasting Mul), resizes them to the low-level ones' size and adds both classifiers",
-	"torchvision.models.efficientnet.EfficientNet": "abnconvert does not rebuild EfficientNet's forward yet: its MBConv blocks apply StochasticDepth, which the IR does not model",
 	"torchvision.models.shufflenetv2.ShuffleNetV2": "abnconvert does not rebuild ShuffleNetV2's forward yet: it needs the channel split (chunk) and shuffle (Reshape, Transpose)",
 }
 
@@ -466,6 +467,18 @@ func readLayer(m *pth.Module) (graph.Op, graph.Attr, error) {
 			return "", a, fmt.Errorf("p is %s, not a probability", describe(m.Attr("p")))
 		}
 		return graph.OpDropout, a, nil
+	case "StochasticDepth":
+		if err := checkAttrs(m, "p", "mode"); err != nil {
+			return "", a, err
+		}
+		var ok bool
+		if a.P, ok = number(m.Attr("p")); !ok || a.P < 0 || a.P > 1 {
+			return "", a, fmt.Errorf("p is %s, not a probability", describe(m.Attr("p")))
+		}
+		if mode, _ := m.Attr("mode").(string); mode != "row" {
+			return "", a, failure.Unsupportedf("mode %s: only row mode (one draw per sample, as torchvision's MBConv uses) is modelled", describe(m.Attr("mode")))
+		}
+		return graph.OpStochasticDepth, a, nil
 	case "ReLU6", "Hardtanh":
 		// ReLU6 is Hardtanh(0, 6), and holds those bounds.
 		if err := activation(m, "min_val", "max_val"); err != nil {
@@ -809,7 +822,8 @@ func (b *chainBuilder) layer(m *pth.Module, path string) error {
 	if len(m.Children) > 0 {
 		return failure.Unsupportedf("a %s with children inside nn.Sequential is not a chain layer; save the torchvision model itself, or use --graph", m.Class)
 	}
-	if !strings.HasPrefix(m.Class, "torch.nn.modules.") {
+	// StochasticDepth is torchvision's, but a layer like torch.nn's.
+	if !strings.HasPrefix(m.Class, "torch.nn.modules.") && m.Class != classStochasticDepth {
 		return failure.Unsupportedf("%s inside nn.Sequential is not a chain layer; save the torchvision model itself, or use --graph", m.Class)
 	}
 	if m.Class == classIdentity {

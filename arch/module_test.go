@@ -628,7 +628,8 @@ func TestTreeFallbacks(t *testing.T) {
 }
 
 // TestFullSizeTrees: torchvision's inception_v3 (aux_logits=False),
-// mobilenet_v2, mobilenet_v3_small and regnet_y_400mf at full size
+// mobilenet_v2, mobilenet_v3_small, regnet_y_400mf and efficientnet_b0 at
+// full size
 // (trained-like BN), pickled whole by real torch, are rebuilt from their
 // module trees and compute what torch computes (1e-4).
 func TestFullSizeTrees(t *testing.T) {
@@ -645,7 +646,8 @@ sys.path.insert(0, sys.argv[2])
 from formats4 import randomise, seeded_input
 M = torchvision.models
 for name, make in (("inception_v3", lambda: M.inception_v3(weights=None, aux_logits=False, init_weights=False)),
-                   ("mobilenet_v2", M.mobilenet_v2), ("mobilenet_v3_small", M.mobilenet_v3_small), ("regnet_y_400mf", M.regnet_y_400mf)):
+                   ("mobilenet_v2", M.mobilenet_v2), ("mobilenet_v3_small", M.mobilenet_v3_small), ("regnet_y_400mf", M.regnet_y_400mf),
+                   ("efficientnet_b0", M.efficientnet_b0)):
     torch.manual_seed(0)
     m = randomise(make(), 1)
     torch.save(m, sys.argv[1] + "/" + name + ".pth")
@@ -661,7 +663,7 @@ for name, make in (("inception_v3", lambda: M.inception_v3(weights=None, aux_log
 	if out, err := exec.Command(python, "-c", script, dir, fixtures).CombinedOutput(); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	for _, name := range []string{"inception_v3", "mobilenet_v2", "mobilenet_v3_small", "regnet_y_400mf"} {
+	for _, name := range []string{"inception_v3", "mobilenet_v2", "mobilenet_v3_small", "regnet_y_400mf", "efficientnet_b0"} {
 		t.Run(name, func(t *testing.T) {
 			ck, m, err := pth.OpenModule(filepath.Join(dir, name+".pth"))
 			if err != nil {

@@ -241,22 +241,26 @@ type treeFamily struct {
 	root   string
 	// make synthesises the tree and names the torchvision configuration
 	// ("" for none) it matches.
-	make    func(s *synth, keys []string) (*pth.Module, error)
+	make func(s *synth, keys []string, name string) (*pth.Module, error)
+	// head is the final Linear, left out of the signature.
+	head    string
 	assumed string
 }
 
 var treeFamilies = []treeFamily{
-	{anchor: "features.1.conv.0.0.weight", root: "torchvision.models.mobilenetv2.MobileNetV2", make: synthMobileNetV2,
+	{anchor: "features.1.conv.0.0.weight", root: "torchvision.models.mobilenetv2.MobileNetV2", make: synthMobileNetV2, head: "classifier.1",
 		assumed: "MobileNetV2's inverted_residual_setting (strides 1, 2, 2, 2, 1, 2, 1 per stage), ReLU6, Dropout(0.2), BN eps 1e-5 and momentum 0.1"},
-	{anchor: "features.1.block.0.0.weight", root: "torchvision.models.mobilenetv3.MobileNetV3", make: synthMobileNetV3,
+	{anchor: "features.1.block.0.0.weight", root: "torchvision.models.mobilenetv3.MobileNetV3", make: synthMobileNetV3, head: "classifier.3",
 		assumed: "mobilenet_v3_large's or mobilenet_v3_small's block table (strides and ReLU or Hardswish per block, chosen by the block count), no dilation, Hardsigmoid gates, Dropout(0.2), BN eps 0.001 and momentum 0.01"},
-	{anchor: "layers.8.0.layers.0.weight", root: "torchvision.models.mnasnet.MNASNet", make: synthMNASNet,
+	{anchor: "layers.8.0.layers.0.weight", root: "torchvision.models.mnasnet.MNASNet", make: synthMNASNet, head: "classifier.1",
 		assumed: "MNASNet's stack table (strides 2, 2, 2, 1, 2, 1), ReLU, Dropout(0.2), BN eps 1e-5 and momentum 1 - 0.9997"},
-	{anchor: "trunk_output.block1.block1-0.f.a.0.weight", root: "torchvision.models.regnet.RegNet", make: synthRegNet,
+	{anchor: "trunk_output.block1.block1-0.f.a.0.weight", root: "torchvision.models.regnet.RegNet", make: synthRegNet, head: "fc",
 		assumed: "stride 2 in the stem and the first block of every stage, 3x3 group convolutions with padding 1, ReLU, Sigmoid gates, bottleneck_multiplier 1, BN eps 1e-5 and momentum 0.1"},
-	{anchor: "inception3a.branch1.conv.weight", root: "torchvision.models.googlenet.GoogLeNet", make: synthGoogLeNet,
+	{anchor: "features.1.0.block.0.0.weight", root: "torchvision.models.efficientnet.EfficientNet", make: synthEfficientNet, head: "classifier.1",
+		assumed: "EfficientNet's stage table (strides 1, 2, 2, 2, 1, 2, 1), SiLU, Sigmoid gates, StochasticDepth(0.2 * block index / blocks, \"row\") on every residual branch, and the variant's classifier dropout and BN eps and momentum"},
+	{anchor: "inception3a.branch1.conv.weight", root: "torchvision.models.googlenet.GoogLeNet", make: synthGoogLeNet, head: "fc",
 		assumed: "GoogLeNet's strides and paddings, MaxPool2d(3, 2, ceil_mode=True) between stages, aux_logits=False, transform_input=False (torchvision sets it when built with pretrained weights: normalise the input yourself, or convert the whole module), Dropout(0.2), BN eps 0.001 and momentum 0.1"},
-	{anchor: "Mixed_5b.branch1x1.conv.weight", root: "torchvision.models.inception.Inception3", make: synthInception3,
+	{anchor: "Mixed_5b.branch1x1.conv.weight", root: "torchvision.models.inception.Inception3", make: synthInception3, head: "fc",
 		assumed: "Inception3's strides and paddings, aux_logits=False, transform_input=False (torchvision sets it when built with pretrained weights: normalise the input yourself, or convert the whole module), Dropout(0.5), BN eps 0.001 and momentum 0.1"},
 }
 
@@ -299,7 +303,8 @@ func buildTree(w graph.Weights, prefix string, f treeFamily) (*graph.Graph, *Mat
 	pw := prefixed{w, prefix}
 	s := &synth{w: pw}
 	keys := pw.Keys()
-	m, err := f.make(s, keys)
+	name := treeNames[treeSignature(pw, f.head)]
+	m, err := f.make(s, keys, name)
 	if err == nil && len(s.missing) > 0 {
 		err = fmt.Errorf("the %s layout lacks %d keys: %s", root.title, len(s.missing), firstFew(s.missing, 8))
 	}
@@ -311,7 +316,6 @@ func buildTree(w graph.Weights, prefix string, f treeFamily) (*graph.Graph, *Mat
 		return nil, nil, fmt.Errorf("%w: not a torchvision %s state dict: %w", ErrUnrecognised, root.title,
 			fmt.Errorf("%s", strings.TrimPrefix(err.Error(), "whole pickled "+m.ShortClass()+": ")))
 	}
-	name := treeNames[treeSignature(pw, g)]
 	if prefix != "" {
 		g = withPrefix(g, prefix)
 	}
@@ -334,7 +338,7 @@ func buildTree(w graph.Weights, prefix string, f treeFamily) (*graph.Graph, *Mat
 
 // synthMobileNetV2 mirrors MobileNetV2.__init__ with the default
 // inverted_residual_setting: 17 blocks.
-func synthMobileNetV2(s *synth, keys []string) (*pth.Module, error) {
+func synthMobileNetV2(s *synth, keys []string, _ string) (*pth.Module, error) {
 	strides := []int{1, 2, 1, 2, 1, 1, 2, 1, 1, 1, 1, 1, 1, 2, 1, 1, 1}
 	if n := count(keys, "features"); n != len(strides)+2 {
 		return nil, fmt.Errorf("features has %d modules, torchvision's inverted_residual_setting gives %d", n, len(strides)+2)
@@ -377,7 +381,7 @@ var mobilenetV3Blocks = map[int][]struct {
 	11: {{2, false}, {2, false}, {1, false}, {2, true}, {1, true}, {1, true}, {1, true}, {1, true}, {2, true}, {1, true}, {1, true}},
 }
 
-func synthMobileNetV3(s *synth, keys []string) (*pth.Module, error) {
+func synthMobileNetV3(s *synth, keys []string, _ string) (*pth.Module, error) {
 	n := count(keys, "features") - 2
 	table, ok := mobilenetV3Blocks[n]
 	if !ok {
@@ -431,7 +435,7 @@ func (s *synth) squeeze(path string, c int, activation, scale string) *pth.Modul
 		kid("fc2", fc2), kid("scale_activation", act(scale)))
 }
 
-func synthMNASNet(s *synth, keys []string) (*pth.Module, error) {
+func synthMNASNet(s *synth, keys []string, _ string) (*pth.Module, error) {
 	// layers.16, the last ReLU, holds no tensor.
 	if n := count(keys, "layers"); n != 16 {
 		return nil, fmt.Errorf("layers has %d modules with tensors, torchvision's MNASNet 16", n)
@@ -475,7 +479,7 @@ func synthMNASNet(s *synth, keys []string) (*pth.Module, error) {
 		kid("classifier", seq(classSequential, nil, dropout(0.2), fc))), nil
 }
 
-func synthRegNet(s *synth, keys []string) (*pth.Module, error) {
+func synthRegNet(s *synth, keys []string, _ string) (*pth.Module, error) {
 	const eps, mom = 1e-5, 0.1
 	stem, c := s.convNormAct("stem", 3, 2, eps, mom, "ReLU")
 	stem.Class = "torchvision.models.regnet.SimpleStemIN"
@@ -535,7 +539,7 @@ func refuseAux(keys []string, aux, how string) error {
 	return nil
 }
 
-func synthGoogLeNet(s *synth, keys []string) (*pth.Module, error) {
+func synthGoogLeNet(s *synth, keys []string, _ string) (*pth.Module, error) {
 	if err := refuseAux(keys, "aux", "load it into torchvision.models.googlenet(aux_logits=False, init_weights=False) with strict=False (the aux1 and aux2 tensors are left out) and save that state_dict"); err != nil {
 		return nil, err
 	}
@@ -581,7 +585,7 @@ var (
 		"Mixed_6a.branch3x3": true, "Mixed_6a.branch3x3dbl_3": true, "Mixed_7a.branch3x3_2": true, "Mixed_7a.branch7x7x3_4": true}
 )
 
-func synthInception3(s *synth, keys []string) (*pth.Module, error) {
+func synthInception3(s *synth, keys []string, _ string) (*pth.Module, error) {
 	if err := refuseAux(keys, "AuxLogits.", "load it into torchvision.models.inception_v3(aux_logits=False, init_weights=False) with strict=False (the AuxLogits tensors are left out) and save that state_dict"); err != nil {
 		return nil, err
 	}
@@ -646,19 +650,13 @@ func synthInception3(s *synth, keys []string) (*pth.Module, error) {
 }
 
 // treeSignature digests a state dict's keys and shapes, the final
-// classifier's and num_batches_tracked aside (num_classes varies, old
+// classifier's (head) and num_batches_tracked aside (num_classes varies, old
 // checkpoints lack the counters), for naming the torchvision
 // configuration a synthesised tree matches.
-func treeSignature(w graph.Weights, g *graph.Graph) string {
-	skip := map[string]bool{}
-	if p := g.Output.Producer; p != nil && p.Op == graph.OpLinear {
-		for _, k := range p.Params {
-			skip[k] = true
-		}
-	}
+func treeSignature(w graph.Weights, head string) string {
 	var lines []string
 	for _, k := range w.Keys() {
-		if skip[k] || strings.HasSuffix(k, ".num_batches_tracked") {
+		if strings.HasPrefix(k, head+".") || strings.HasSuffix(k, ".num_batches_tracked") {
 			continue
 		}
 		sh, _ := w.Shape(k)
@@ -696,6 +694,17 @@ var treeNames = map[string]string{
 	"3d0d14e27e176f17": "regnet_y_128gf",
 	"589c386ac6d2458d": "googlenet",
 	"0d8f4a297c2443e9": "inception_v3",
+	"d87c3cb1a1e6e897": "efficientnet_b0",
+	"a668e8f961f05ca1": "efficientnet_b1",
+	"3a366b1ad3e30dd2": "efficientnet_b2",
+	"c2e6f48a83014059": "efficientnet_b3",
+	"7ef0d709144cd552": "efficientnet_b4",
+	"ac3ccf7e317d0c2c": "efficientnet_b5",
+	"06ed385922118032": "efficientnet_b6",
+	"0179c2200333f0eb": "efficientnet_b7",
+	"a1bafb8b72b81b57": "efficientnet_v2_s",
+	"4fb1876a1bfddf52": "efficientnet_v2_m",
+	"ae68fc3a48ff6e9d": "efficientnet_v2_l",
 }
 
 func isTreeName(name string) bool {
@@ -720,4 +729,85 @@ func forceTree(w graph.Weights, keys []string, name string) (*graph.Graph, *Matc
 		return nil, nil, fmt.Errorf("%w: the state dict is not %s but %s", ErrMismatch, name, m.Arch)
 	}
 	return g, m, nil
+}
+
+// efficientNetVariant holds what torchvision's efficientnet_* builders
+// pass besides the block table: the classifier's dropout and the BN
+// layer's eps and momentum.
+var efficientNetVariant = map[string]struct{ dropout, eps, momentum float64 }{
+	"efficientnet_b0": {0.2, 1e-5, 0.1}, "efficientnet_b1": {0.2, 1e-5, 0.1}, "efficientnet_b2": {0.3, 1e-5, 0.1},
+	"efficientnet_b3": {0.3, 1e-5, 0.1}, "efficientnet_b4": {0.4, 1e-5, 0.1}, "efficientnet_b5": {0.4, 0.001, 0.01},
+	"efficientnet_b6": {0.5, 0.001, 0.01}, "efficientnet_b7": {0.5, 0.001, 0.01},
+	"efficientnet_v2_s": {0.2, 0.001, 0.1}, "efficientnet_v2_m": {0.3, 0.001, 0.1}, "efficientnet_v2_l": {0.4, 0.001, 0.1},
+}
+
+// synthEfficientNet mirrors EfficientNet.__init__ for one of torchvision's
+// configurations: MBConv blocks (with squeeze-and-excitation) and, in V2,
+// FusedMBConv ones (without), told apart by their keys.
+func synthEfficientNet(s *synth, keys []string, name string) (*pth.Module, error) {
+	v, ok := efficientNetVariant[name]
+	if !ok {
+		return nil, fmt.Errorf("its shapes are not those of one of torchvision's efficientnet_b0..b7 or efficientnet_v2_s/m/l, whose BN eps and classifier dropout differ per variant and cannot be read from a state dict; convert the whole pickled module (torch.save(model)) or use --graph")
+	}
+	stages := count(keys, "features") - 2
+	strides := []int{1, 2, 2, 2, 1, 2, 1}
+	if stages < 6 || stages > 7 {
+		return nil, fmt.Errorf("features has %d stages, torchvision's EfficientNets 6 or 7", stages)
+	}
+	total := 0
+	for i := 1; i <= stages; i++ {
+		total += count(keys, fmt.Sprintf("features.%d", i))
+	}
+	first, c := s.convNormAct("features.0", 3, 2, v.eps, v.momentum, "SiLU")
+	feats := []*pth.Module{first}
+	id := 0
+	for i := 1; i <= stages; i++ {
+		sp := fmt.Sprintf("features.%d", i)
+		var blocks []*pth.Module
+		for j := 0; j < count(keys, sp); j++ {
+			p := fmt.Sprintf("%s.%d.block", sp, j)
+			stride := 1
+			if j == 0 {
+				stride = strides[i-1]
+			}
+			in := c
+			var body []*pth.Module
+			class := "torchvision.models.efficientnet.MBConv"
+			switch {
+			case s.has(p+".1.fc1.weight") || s.has(p+".2.fc1.weight"):
+				k := 0
+				if s.has(p + ".2.fc1.weight") {
+					e, exp := s.convNormAct(p+".0", c, 1, v.eps, v.momentum, "SiLU")
+					body, c, k = append(body, e), exp, 1
+				}
+				dw, _ := s.convNormAct(fmt.Sprintf("%s.%d", p, k), c, stride, v.eps, v.momentum, "SiLU")
+				se := s.squeeze(fmt.Sprintf("%s.%d", p, k+1), c, "SiLU", "Sigmoid")
+				proj, out := s.convNormAct(fmt.Sprintf("%s.%d", p, k+2), c, 1, v.eps, v.momentum, "")
+				body, c = append(body, dw, se, proj), out
+			default:
+				class = "torchvision.models.efficientnet.FusedMBConv"
+				if s.has(p + ".1.0.weight") {
+					e, exp := s.convNormAct(p+".0", c, stride, v.eps, v.momentum, "SiLU")
+					proj, out := s.convNormAct(p+".1", exp, 1, v.eps, v.momentum, "")
+					body, c = append(body, e, proj), out
+				} else {
+					e, out := s.convNormAct(p+".0", c, stride, v.eps, v.momentum, "SiLU")
+					body, c = append(body, e), out
+				}
+			}
+			sd := &pth.Module{Class: classStochasticDepth,
+				Attrs: map[string]pth.Value{"p": 0.2 * float64(id) / float64(total), "mode": "row"}}
+			blocks = append(blocks, tree(class, map[string]pth.Value{"use_res_connect": stride == 1 && in == c, "out_channels": int64(c)},
+				kid("block", seq(classSequential, nil, body...)), kid("stochastic_depth", sd)))
+			id++
+		}
+		feats = append(feats, seq(classSequential, nil, blocks...))
+	}
+	last, _ := s.convNormAct(fmt.Sprintf("features.%d", stages+1), c, 1, v.eps, v.momentum, "SiLU")
+	feats = append(feats, last)
+	fc, _ := s.linear("classifier.1")
+	return tree("torchvision.models.efficientnet.EfficientNet", nil,
+		kid("features", seq(classSequential, nil, feats...)),
+		kid("avgpool", adaptive(int64(1))),
+		kid("classifier", seq(classSequential, nil, dropout(v.dropout), fc))), nil
 }

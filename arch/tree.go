@@ -26,6 +26,9 @@ var treeRoots = map[string]treeRoot{
 	"torchvision.models.regnet.RegNet":           {title: "regnet", build: regnetForward},
 	"torchvision.models.mobilenetv2.MobileNetV2": {title: "mobilenet_v2", attrs: []string{"last_channel"}, build: mobilenetV2Forward},
 	"torchvision.models.mobilenetv3.MobileNetV3": {title: "mobilenet_v3", build: mobilenetV3Forward},
+	// EfficientNet's forward is MobileNetV3's: features, avgpool,
+	// flatten, classifier.
+	"torchvision.models.efficientnet.EfficientNet": {title: "efficientnet", build: mobilenetV3Forward},
 	"torchvision.models.inception.Inception3": {title: "inception_v3", attrs: []string{"aux_logits", "transform_input", "AuxLogits"},
 		build: inception3Forward},
 	"torchvision.models.googlenet.GoogLeNet": {title: "googlenet", attrs: []string{"aux_logits", "transform_input", "aux1", "aux2"},
@@ -36,9 +39,7 @@ var treeRoots = map[string]treeRoot{
 var blocks map[string]func(b *chainBuilder, m *pth.Module, path string) error
 
 // notModelled names block classes whose computation the IR lacks.
-var notModelled = map[string]string{
-	"torchvision.ops.stochastic_depth.StochasticDepth": "StochasticDepth is not modelled yet",
-}
+var notModelled = map[string]string{}
 
 func init() {
 	seq := func(known ...string) func(b *chainBuilder, m *pth.Module, path string) error {
@@ -67,6 +68,8 @@ func init() {
 		"torchvision.models.inception.InceptionE":         inceptionV3Block,
 		"torchvision.models.densenet._Transition":         seq(),
 		"torchvision.models.googlenet.Inception":          inceptionBlock,
+		"torchvision.models.efficientnet.MBConv":          mbConv,
+		"torchvision.models.efficientnet.FusedMBConv":     mbConv,
 	}
 }
 
@@ -713,6 +716,46 @@ func squeezeExcitation(b *chainBuilder, m *pth.Module, path string) error {
 	}
 	c := x.Channels
 	b.cur = b.g.Add(path+".mul", graph.OpMul, graph.Attr{}, nil, b.cur, x)
+	b.cur.Channels = c
+	return nil
+}
+
+// mbConv is EfficientNet's MBConv and FusedMBConv: block(x), and when
+// use_res_connect, stochastic_depth of it plus x. The StochasticDepth
+// module is used only then.
+func mbConv(b *chainBuilder, m *pth.Module, path string) error {
+	if err := checkAttrs(m, "use_res_connect", "out_channels"); err != nil {
+		return err
+	}
+	res, ok := m.Attr("use_res_connect").(bool)
+	if !ok {
+		return fmt.Errorf("use_res_connect is %s, not a bool", describe(m.Attr("use_res_connect")))
+	}
+	kids, err := children(m, "block", "stochastic_depth")
+	if err != nil {
+		return err
+	}
+	x := b.cur
+	if err := b.run(m, kids, path, "block"); err != nil {
+		return err
+	}
+	if !res {
+		// Unused by the forward: still an attribute-checked module.
+		if sd := kids["stochastic_depth"]; sd != nil {
+			if _, _, err := readLayer(sd); err != nil {
+				return fmt.Errorf("%s.stochastic_depth: %w", path, err)
+			}
+		}
+		return nil
+	}
+	if b.cur.Channels != x.Channels {
+		return fmt.Errorf("use_res_connect with %d channels in and %d out", x.Channels, b.cur.Channels)
+	}
+	if err := b.run(m, kids, path, "stochastic_depth"); err != nil {
+		return err
+	}
+	c := b.cur.Channels
+	b.cur = b.g.Add(path+".add", graph.OpAdd, graph.Attr{}, nil, b.cur, x)
 	b.cur.Channels = c
 	return nil
 }

@@ -364,9 +364,9 @@ func checkParamless(n *graph.Node) error {
 		if a.OutputSize[0] <= 0 || a.OutputSize[1] <= 0 {
 			return fmt.Errorf("bad output size %v", a.OutputSize)
 		}
-	case graph.OpDropout:
+	case graph.OpDropout, graph.OpStochasticDepth:
 		if !(a.P >= 0 && a.P <= 1) {
-			return fmt.Errorf("dropout probability %g outside [0, 1]", a.P)
+			return fmt.Errorf("%s probability %g outside [0, 1]", n.Op, a.P)
 		}
 	case graph.OpResize:
 		if a.Mode != "nearest" && a.Mode != "bilinear" {

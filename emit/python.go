@@ -108,6 +108,9 @@ time. Reentrant checkpointing supports loss.backward(), not torch.autograd.grad.
 
 func (p *program) writeHelpers(b *bytes.Buffer) {
 	b.WriteString("import torch\nimport torch.nn.functional as F\n")
+	if p.uses(graph.OpStochasticDepth) {
+		b.WriteString("import torchvision\n")
+	}
 	if p.groups > 0 {
 		b.WriteString("from torch.utils.checkpoint import checkpoint\n")
 	}
@@ -340,6 +343,10 @@ func (p *program) nodeLine(n *graph.Node) (string, error) {
 		expr = fmt.Sprintf("torch.flatten(%s, %d)", in(0), a.StartDim)
 	case graph.OpDropout:
 		expr = fmt.Sprintf("F.dropout(%s, %s, training=self.training)", in(0), pyFloat(a.P))
+	case graph.OpStochasticDepth:
+		// torchvision's own function: the same noise as the original
+		// draws from the same generator state.
+		expr = fmt.Sprintf("torchvision.ops.stochastic_depth(%s, %s, \"row\", self.training)", in(0), pyFloat(a.P))
 	case graph.OpResize:
 		// To the second input's size at run time, as torchvision's
 		// segmentation models do: any input size works.
@@ -380,4 +387,14 @@ func activationText(a graph.Attr) string {
 		return fmt.Sprintf("%s(%s)", a.Activation, pyFloat(a.ActParam))
 	}
 	return a.Activation
+}
+
+// uses reports whether the graph has a node of op.
+func (p *program) uses(op graph.Op) bool {
+	for _, n := range p.g.Nodes {
+		if n.Op == op {
+			return true
+		}
+	}
+	return false
 }

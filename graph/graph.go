@@ -62,6 +62,11 @@ const (
 	// segmentation models call F.interpolate(x, size=input.shape[-2:]).
 	// Attr.Mode is "nearest" or "bilinear", with Attr.AlignCorners.
 	OpResize Op = "Resize"
+	// OpStochasticDepth is torchvision's StochasticDepth(p, "row"): in
+	// training each sample (row of dimension 0) is zeroed with
+	// probability Attr.P and the others scaled by 1/(1-P); in eval, and
+	// when P is 0, the identity.
+	OpStochasticDepth Op = "StochasticDepth"
 )
 
 // Activation names of the ABN family, spelled as the inplace_abn package
@@ -343,7 +348,7 @@ var arity = map[Op]int{
 	OpMaxPool: 1, OpAvgPool: 1, OpAdaptiveAvgPool: 1, OpFlatten: 1, OpLinear: 1, OpDropout: 1,
 	OpHardtanh: 1, OpSigmoid: 1, OpSiLU: 1, OpHardsigmoid: 1, OpHardswish: 1, OpGELU: 1,
 	OpMul: 2, OpSub: 2, OpDiv: 2,
-	OpResize: 2,
+	OpResize: 2, OpStochasticDepth: 1,
 }
 
 // IsActivation reports whether op is an elementwise activation of one

@@ -41,7 +41,7 @@ func channels(v *graph.Value) int {
 			}
 			return sum
 		case graph.OpReLU, graph.OpLeakyReLU, graph.OpELU, graph.OpMaxPool, graph.OpAvgPool,
-			graph.OpAdaptiveAvgPool, graph.OpDropout, graph.OpAdd:
+			graph.OpAdaptiveAvgPool, graph.OpDropout, graph.OpStochasticDepth, graph.OpAdd:
 			v = p.Inputs[0]
 		case graph.OpHardtanh, graph.OpSigmoid, graph.OpSiLU, graph.OpHardsigmoid, graph.OpHardswish, graph.OpGELU:
 			// Elementwise: the channels of their input.

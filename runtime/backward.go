@@ -338,6 +338,8 @@ func (e *Executor) backward(r *run, i int, nd *graph.Node) error {
 			return err
 		}
 		return tx.finish()
+	case graph.OpStochasticDepth:
+		return e.stochasticDepthBackward(r, i, nd, p, dy)
 	case graph.OpFlatten, graph.OpReshape, graph.OpDropout:
 		tx, err := e.inputTarget(r, nd, 0, &dy)
 		if err != nil {

@@ -76,6 +76,10 @@ func flopsOf(nd *graph.Node, ins [][]int, out []int, training bool) nodeFlops {
 		if !training {
 			return nodeFlops{}
 		}
+	case graph.OpStochasticDepth:
+		if !stochasticDepthActive(nd, training) {
+			return nodeFlops{}
+		}
 	}
 	return nodeFlops{fwd: elems, bwd: elems}
 }

@@ -234,7 +234,8 @@ func makePlanWith(g *graph.Graph, index map[*graph.Node]int, in []int, cfg planC
 		case gr != nil && (i == gr.abn || i == gr.act):
 			pp.store = abnBuf
 			pp.inPlace = i == gr.act
-		case nd.Op == graph.OpFlatten || nd.Op == graph.OpReshape || (nd.Op == graph.OpDropout && !p.training):
+		case nd.Op == graph.OpFlatten || nd.Op == graph.OpReshape || (nd.Op == graph.OpDropout && !p.training) ||
+			(nd.Op == graph.OpStochasticDepth && !stochasticDepthActive(nd, p.training)):
 			pp.view = true
 			pp.store = sto(index[nd.Inputs[0].Producer])
 		case p.mayOverwrite(g, index, nd, i, k, sto):
@@ -457,6 +458,8 @@ func (p *plan) planAux(nd *graph.Node, i int, pp *pass, ev int, reuse *pass) {
 		add(p.shapes[i], Int64, "argmax indices")
 	case nd.Op == graph.OpDropout && p.training:
 		add(p.shapes[i], p.act, "dropout mask")
+	case nd.Op == graph.OpStochasticDepth && stochasticDepthActive(nd, p.training):
+		add(stochasticDepthNoise(p.shapes[i]), p.act, "stochastic depth noise")
 	}
 }
 
@@ -556,6 +559,10 @@ func (p *plan) planSaves(g *graph.Graph, nd *graph.Node, i int, pp *pass, sto fu
 		p.keep(i, pp.aux[0])
 	case graph.OpDropout:
 		if p.training {
+			p.keep(i, pp.aux[0])
+		}
+	case graph.OpStochasticDepth:
+		if stochasticDepthActive(nd, p.training) {
 			p.keep(i, pp.aux[0])
 		}
 	}
@@ -728,7 +735,7 @@ func outShape(nd *graph.Node, input []int, ins [][]int, training bool) ([]int, e
 		}
 		return append([]int(nil), x...), nil
 	case graph.OpReLU, graph.OpLeakyReLU, graph.OpELU, graph.OpDropout, graph.OpSigmoid, graph.OpSiLU,
-		graph.OpHardswish, graph.OpGELU:
+		graph.OpHardswish, graph.OpGELU, graph.OpStochasticDepth:
 		return append([]int(nil), ins[0]...), nil
 	case graph.OpHardtanh:
 		if !(a.ActParam <= a.ActParam2) {

@@ -628,6 +628,8 @@ func (e *Executor) forward(r *run, i int, nd *graph.Node, x *HostTensor, recompu
 		return b.AdaptiveAvgPool(y, e.in(r, nd, 0))
 	case graph.OpFlatten, graph.OpReshape:
 		return nil
+	case graph.OpStochasticDepth:
+		return e.stochasticDepth(r, i, nd, y)
 	case graph.OpDropout:
 		if !r.p.training {
 			return nil
