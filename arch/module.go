@@ -134,6 +134,9 @@ func denseLayerCheck(m *pth.Module) error {
 // dict (model.state_dict()) is w. force is as for Recognize and applies to
 // the torchvision classes.
 func FromModule(m *pth.Module, w graph.Weights, force string) (*graph.Graph, *Match, error) {
+	if m.Class == classDeepLabV3 && mobileBackbone(m) {
+		return fromTree(m, w, deeplabMobileTree)
+	}
 	if fam, ok := moduleFamily[m.Class]; ok {
 		var (
 			g     *graph.Graph
@@ -227,17 +230,9 @@ func FromModule(m *pth.Module, w graph.Weights, force string) (*graph.Graph, *Ma
 // used when the state dict or a module is not torchvision's.
 var treeFallback = map[string]treeRoot{FamilyResNet: resnetTree, FamilyDenseNet: densenetTree, FamilyVGG: vggTree}
 
-// mobileNetSegmentation is what the MobileNetV3-based segmentation models
-// need beyond what the builders do: their backbone (MobileNetV3's
-// features) is rebuilt like mobilenet_v3's, but IntermediateLayerGetter
-// hands the head two of its intermediate outputs.
-const mobileNetSegmentation = "its backbone hands the head two intermediate outputs of MobileNetV3's features (IntermediateLayerGetter with two return_layers), which the builder does not wire yet"
-
 // notBuilt names the allowlisted torchvision models whose forward is not
 // rebuilt yet, and what they need.
 var notBuilt = map[string]string{
-	"torchvision.models.segmentation.lraspp.LRASPP": "abnconvert does not rebuild LRASPP's forward yet: " + mobileNetSegmentation +
-		", and its LRASPPHead gates the high-level features (Sigmoid, broadcasting Mul), resizes them to the low-level ones' size and adds both classifiers",
 	"torchvision.models.shufflenetv2.ShuffleNetV2": "abnconvert does not rebuild ShuffleNetV2's forward yet: it needs the channel split (chunk) and shuffle (Reshape, Transpose)",
 }
 

@@ -42,7 +42,9 @@ func buildSegmentation(b *builder, anyRates bool) (*segShape, error) {
 	}
 	if !b.present(p + "backbone.conv1.weight") {
 		if b.has(p + "backbone.0") {
-			return nil, failure.Unsupportedf("%sbackbone is a MobileNetV3 (deeplabv3_mobilenet_v3_large, lraspp_mobilenet_v3_large): abnconvert does not rebuild it from a state dict or module tree yet: %s; use --graph", p, mobileNetSegmentation)
+			// Those state dicts are recognised by the tree families
+			// (synth.go), which detection tries first.
+			return nil, fmt.Errorf("%sbackbone is a MobileNetV3, not a ResNet: this builder is the ResNet-based FCN's and DeepLabV3's; deeplabv3_mobilenet_v3_large and lraspp_mobilenet_v3_large are recognised with --arch auto", p)
 		}
 		return nil, fmt.Errorf("missing %sbackbone.conv1.weight: not a ResNet backbone", p)
 	}

@@ -238,29 +238,34 @@ func withPrefix(g *graph.Graph, prefix string) *graph.Graph {
 type treeFamily struct {
 	// anchor is a key every state dict of the family has.
 	anchor string
-	root   string
+	// root is the synthesised tree's class (a family may build more than
+	// one: the MobileNetV3 segmentation models).
+	root string
 	// make synthesises the tree and names the torchvision configuration
 	// ("" for none) it matches.
 	make func(s *synth, keys []string, name string) (*pth.Module, error)
-	// head is the final Linear, left out of the signature.
-	head    string
+	// head holds the modules whose shapes follow num_classes, left out of
+	// the signature.
+	head    []string
 	assumed string
 }
 
 var treeFamilies = []treeFamily{
-	{anchor: "features.1.conv.0.0.weight", root: "torchvision.models.mobilenetv2.MobileNetV2", make: synthMobileNetV2, head: "classifier.1",
+	{anchor: "features.1.conv.0.0.weight", root: "torchvision.models.mobilenetv2.MobileNetV2", make: synthMobileNetV2, head: []string{"classifier.1"},
 		assumed: "MobileNetV2's inverted_residual_setting (strides 1, 2, 2, 2, 1, 2, 1 per stage), ReLU6, Dropout(0.2), BN eps 1e-5 and momentum 0.1"},
-	{anchor: "features.1.block.0.0.weight", root: "torchvision.models.mobilenetv3.MobileNetV3", make: synthMobileNetV3, head: "classifier.3",
+	{anchor: "features.1.block.0.0.weight", root: "torchvision.models.mobilenetv3.MobileNetV3", make: synthMobileNetV3, head: []string{"classifier.3"},
 		assumed: "mobilenet_v3_large's or mobilenet_v3_small's block table (strides and ReLU or Hardswish per block, chosen by the block count), no dilation, Hardsigmoid gates, Dropout(0.2), BN eps 0.001 and momentum 0.01"},
-	{anchor: "layers.8.0.layers.0.weight", root: "torchvision.models.mnasnet.MNASNet", make: synthMNASNet, head: "classifier.1",
+	{anchor: "layers.8.0.layers.0.weight", root: "torchvision.models.mnasnet.MNASNet", make: synthMNASNet, head: []string{"classifier.1"},
 		assumed: "MNASNet's stack table (strides 2, 2, 2, 1, 2, 1), ReLU, Dropout(0.2), BN eps 1e-5 and momentum 1 - 0.9997"},
-	{anchor: "trunk_output.block1.block1-0.f.a.0.weight", root: "torchvision.models.regnet.RegNet", make: synthRegNet, head: "fc",
+	{anchor: "trunk_output.block1.block1-0.f.a.0.weight", root: "torchvision.models.regnet.RegNet", make: synthRegNet, head: []string{"fc"},
 		assumed: "stride 2 in the stem and the first block of every stage, 3x3 group convolutions with padding 1, ReLU, Sigmoid gates, bottleneck_multiplier 1, BN eps 1e-5 and momentum 0.1"},
-	{anchor: "features.1.0.block.0.0.weight", root: "torchvision.models.efficientnet.EfficientNet", make: synthEfficientNet, head: "classifier.1",
+	{anchor: "features.1.0.block.0.0.weight", root: "torchvision.models.efficientnet.EfficientNet", make: synthEfficientNet, head: []string{"classifier.1"},
 		assumed: "EfficientNet's stage table (strides 1, 2, 2, 2, 1, 2, 1), SiLU, Sigmoid gates, StochasticDepth(0.2 * block index / blocks, \"row\") on every residual branch, and the variant's classifier dropout and BN eps and momentum"},
-	{anchor: "inception3a.branch1.conv.weight", root: "torchvision.models.googlenet.GoogLeNet", make: synthGoogLeNet, head: "fc",
+	{anchor: "backbone.1.block.0.0.weight", make: synthMobileSegmentation, head: []string{"classifier.low_classifier", "classifier.high_classifier", "classifier.4"},
+		assumed: segmentationBackboneNote + ", and the head as torchvision's builder makes it (LRASPPHead with bilinear resizing; or DeepLabHead with ASPP rates 12, 24, 36 and Dropout(0.5)), BN eps 0.001 and momentum 0.01 in the backbone, 1e-5 and 0.1 in the head"},
+	{anchor: "inception3a.branch1.conv.weight", root: "torchvision.models.googlenet.GoogLeNet", make: synthGoogLeNet, head: []string{"fc"},
 		assumed: "GoogLeNet's strides and paddings, MaxPool2d(3, 2, ceil_mode=True) between stages, aux_logits=False, transform_input=False (torchvision sets it when built with pretrained weights: normalise the input yourself, or convert the whole module), Dropout(0.2), BN eps 0.001 and momentum 0.1"},
-	{anchor: "Mixed_5b.branch1x1.conv.weight", root: "torchvision.models.inception.Inception3", make: synthInception3, head: "fc",
+	{anchor: "Mixed_5b.branch1x1.conv.weight", root: "torchvision.models.inception.Inception3", make: synthInception3, head: []string{"fc"},
 		assumed: "Inception3's strides and paddings, aux_logits=False, transform_input=False (torchvision sets it when built with pretrained weights: normalise the input yourself, or convert the whole module), Dropout(0.5), BN eps 0.001 and momentum 0.1"},
 }
 
@@ -299,12 +304,18 @@ func recognizeTree(w graph.Weights, keys []string) (*graph.Graph, *Match, bool, 
 }
 
 func buildTree(w graph.Weights, prefix string, f treeFamily) (*graph.Graph, *Match, error) {
-	root := treeRoots[f.root]
 	pw := prefixed{w, prefix}
 	s := &synth{w: pw}
 	keys := pw.Keys()
 	name := treeNames[treeSignature(pw, f.head)]
 	m, err := f.make(s, keys, name)
+	root := treeRoot{title: "mobilenet_v3 segmentation"}
+	if m != nil {
+		root = treeRoots[m.Class]
+		if m.Class == classDeepLabV3 {
+			root = deeplabMobileTree
+		}
+	}
 	if err == nil && len(s.missing) > 0 {
 		err = fmt.Errorf("the %s layout lacks %d keys: %s", root.title, len(s.missing), firstFew(s.missing, 8))
 	}
@@ -327,6 +338,9 @@ func buildTree(w graph.Weights, prefix string, f treeFamily) (*graph.Graph, *Mat
 	match.Notes = []string{}
 	if prefix != "" {
 		match.Notes = append(match.Notes, fmt.Sprintf("key prefix %q", prefix))
+	}
+	if m.Class == classLRASPP || m.Class == classDeepLabV3 {
+		match.Notes = append(match.Notes, "the graph's output is the model's \"out\" tensor (torchvision returns {\"out\": ...})")
 	}
 	match.Notes = append(match.Notes, fmt.Sprintf("num_classes %d", g.Output.Channels),
 		fmt.Sprintf("%s from torchvision 0.14's %s constructor: %s; a state dict holds no strides, paddings, dilations or activations, so a network built otherwise "+
@@ -387,14 +401,38 @@ func synthMobileNetV3(s *synth, keys []string, _ string) (*pth.Module, error) {
 	if !ok {
 		return nil, fmt.Errorf("features has %d blocks; torchvision's mobilenet_v3_large has 15, mobilenet_v3_small 11", n)
 	}
+	feats, err := s.mobileNetV3Features("features", table, 0)
+	if err != nil {
+		return nil, err
+	}
+	fc1, _ := s.linear("classifier.0")
+	fc2, _ := s.linear("classifier.3")
+	return tree("torchvision.models.mobilenetv3.MobileNetV3", nil,
+		kid("features", seq(classSequential, nil, feats...)),
+		kid("avgpool", adaptive(int64(1))),
+		kid("classifier", seq(classSequential, nil, fc1, act("Hardswish"), dropout(0.2), fc2))), nil
+}
+
+// mobileNetV3Features is MobileNetV3's features below prefix: the stem,
+// the blocks of table, the last 1x1 convolution. The last dilatedTail
+// blocks are built as with dilated=True: stride 1, their depthwise
+// convolutions dilated by 2.
+func (s *synth) mobileNetV3Features(prefix string, table []struct {
+	stride int
+	hs     bool
+}, dilatedTail int) ([]*pth.Module, error) {
 	const eps, mom = 0.001, 0.01
-	first, c := s.convNormAct("features.0", 3, 2, eps, mom, "Hardswish")
+	first, c := s.convNormAct(prefix+".0", 3, 2, eps, mom, "Hardswish")
 	feats := []*pth.Module{first}
 	for i, b := range table {
-		p := fmt.Sprintf("features.%d.block", i+1)
+		p := fmt.Sprintf("%s.%d.block", prefix, i+1)
 		a := "ReLU"
 		if b.hs {
 			a = "Hardswish"
+		}
+		stride, dil := b.stride, 1
+		if i >= len(table)-dilatedTail {
+			stride, dil = 1, 2
 		}
 		in := c
 		var body []*pth.Module
@@ -403,7 +441,16 @@ func synthMobileNetV3(s *synth, keys []string, _ string) (*pth.Module, error) {
 			e, exp := s.convNormAct(p+".0", c, 1, eps, mom, a)
 			body, c, j = append(body, e), exp, 1
 		}
-		dw, _ := s.convNormAct(fmt.Sprintf("%s.%d", p, j), c, b.stride, eps, mom, a)
+		dw, _ := s.convNormAct(fmt.Sprintf("%s.%d", p, j), c, stride, eps, mom, a)
+		if dil > 1 {
+			conv := dw.Children[0].Module
+			k := [2]int{3, 3}
+			if sh, ok := s.w.Shape(fmt.Sprintf("%s.%d.0.weight", p, j)); ok && len(sh) == 4 {
+				k = [2]int{sh[2], sh[3]}
+			}
+			conv.Attrs["dilation"] = tuple2([2]int{dil, dil})
+			conv.Attrs["padding"] = tuple2(same(k, [2]int{dil, dil}))
+		}
 		body = append(body, dw)
 		j++
 		if sp := fmt.Sprintf("%s.%d", p, j); s.has(sp + ".fc1.weight") {
@@ -417,14 +464,8 @@ func synthMobileNetV3(s *synth, keys []string, _ string) (*pth.Module, error) {
 			kid("block", seq(classSequential, nil, body...))))
 		c = out
 	}
-	last, _ := s.convNormAct(fmt.Sprintf("features.%d", n+1), c, 1, eps, mom, "Hardswish")
-	feats = append(feats, last)
-	fc1, _ := s.linear("classifier.0")
-	fc2, _ := s.linear("classifier.3")
-	return tree("torchvision.models.mobilenetv3.MobileNetV3", nil,
-		kid("features", seq(classSequential, nil, feats...)),
-		kid("avgpool", adaptive(int64(1))),
-		kid("classifier", seq(classSequential, nil, fc1, act("Hardswish"), dropout(0.2), fc2))), nil
+	last, _ := s.convNormAct(fmt.Sprintf("%s.%d", prefix, len(table)+1), c, 1, eps, mom, "Hardswish")
+	return append(feats, last), nil
 }
 
 // squeeze is torchvision's SqueezeExcitation over c channels.
@@ -653,10 +694,17 @@ func synthInception3(s *synth, keys []string, _ string) (*pth.Module, error) {
 // classifier's (head) and num_batches_tracked aside (num_classes varies, old
 // checkpoints lack the counters), for naming the torchvision
 // configuration a synthesised tree matches.
-func treeSignature(w graph.Weights, head string) string {
+func treeSignature(w graph.Weights, head []string) string {
 	var lines []string
 	for _, k := range w.Keys() {
-		if strings.HasPrefix(k, head+".") || strings.HasSuffix(k, ".num_batches_tracked") {
+		if strings.HasSuffix(k, ".num_batches_tracked") {
+			continue
+		}
+		skip := false
+		for _, h := range head {
+			skip = skip || strings.HasPrefix(k, h+".")
+		}
+		if skip {
 			continue
 		}
 		sh, _ := w.Shape(k)
@@ -705,6 +753,8 @@ var treeNames = map[string]string{
 	"a1bafb8b72b81b57": "efficientnet_v2_s",
 	"4fb1876a1bfddf52": "efficientnet_v2_m",
 	"ae68fc3a48ff6e9d": "efficientnet_v2_l",
+	"ba7458ef2166c8c6": "lraspp_mobilenet_v3_large",
+	"fe40d486d1812195": "deeplabv3_mobilenet_v3_large",
 }
 
 func isTreeName(name string) bool {

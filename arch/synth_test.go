@@ -114,8 +114,8 @@ func TestTreeStateDictsAsModules(t *testing.T) {
 	}
 }
 
-// TestFullSizeTreeStateDicts: torchvision's full-size classifiers pickled
-// whole by real torch: the graph from the state dict alone equals the graph
+// TestFullSizeTreeStateDicts: torchvision's full-size classifiers and
+// MobileNetV3 segmentation models pickled whole by real torch: the graph from the state dict alone equals the graph
 // from the module tree, every stride, padding, activation, eps and momentum
 // included.
 func TestFullSizeTreeStateDicts(t *testing.T) {
@@ -127,7 +127,7 @@ func TestFullSizeTreeStateDicts(t *testing.T) {
 		t.Skipf("%s cannot import torchvision: %v", python, err)
 	}
 	names := []string{"mobilenet_v2", "mobilenet_v3_large", "mobilenet_v3_small", "mnasnet0_5", "mnasnet1_3", "regnet_x_400mf", "regnet_y_800mf",
-		"googlenet", "inception_v3", "efficientnet_b0", "efficientnet_v2_s"}
+		"googlenet", "inception_v3", "efficientnet_b0", "efficientnet_v2_s", "lraspp_mobilenet_v3_large", "deeplabv3_mobilenet_v3_large"}
 	dir := t.TempDir()
 	script := `import sys, torch, torchvision
 for f in ("kaiming_normal_", "kaiming_uniform_", "normal_", "uniform_", "zeros_", "ones_", "constant_", "trunc_normal_"):
@@ -135,7 +135,11 @@ for f in ("kaiming_normal_", "kaiming_uniform_", "normal_", "uniform_", "zeros_"
 M = torchvision.models
 for name in sys.argv[2:]:
     kw = {"aux_logits": False, "init_weights": False} if name in ("googlenet", "inception_v3") else {}
-    torch.save(getattr(M, name)(**kw), sys.argv[1] + "/" + name + ".pth")
+    if "_mobilenet_v3_" in name:
+        make, kw = getattr(M.segmentation, name), {"weights_backbone": None, "aux_loss": False}
+    else:
+        make = getattr(M, name)
+    torch.save(make(**kw), sys.argv[1] + "/" + name + ".pth")
 `
 	if out, err := exec.Command(python, append([]string{"-c", script, dir}, names...)...).CombinedOutput(); err != nil {
 		t.Fatalf("%v\n%s", err, out)

@@ -71,6 +71,7 @@ func init() {
 		"torchvision.models.efficientnet.MBConv":          mbConv,
 		"torchvision.models.efficientnet.FusedMBConv":     mbConv,
 	}
+	registerSegmentationTrees()
 }
 
 // fromTree builds a graph from a module tree whose every module the
