@@ -15,6 +15,13 @@
 // dilated ResNet has the same keys as a plain one. From a module tree,
 // every one of those attributes is read from the modules, and one that is
 // not understood is an error.
+//
+// State dicts of the families rebuilt from module trees (MobileNetV2 and
+// V3, MNASNet, RegNet, GoogLeNet, Inception3, EfficientNet V1 and V2, and
+// lraspp/deeplabv3_mobilenet_v3_large) are recognised by synthesising the
+// tree torchvision's constructor would build for their keys and shapes
+// (synth.go) and building it like a pickled module: both paths give the
+// same graph, and the notes state what the constructor's table supplied.
 package arch
 
 import (

@@ -19,7 +19,8 @@ import (
 // holds takes that module's attributes (a Conv2d's stride, padding and
 // dilation, a pool's geometry, a BN's eps and momentum...), which a state
 // dict does not hold: a dilated ResNet has the same keys as a plain one.
-// Other torchvision models (RegNet, MNASNet, GoogLeNet, Inception3), and
+// Other torchvision models (RegNet, MNASNet, MobileNetV2/V3, EfficientNet,
+// GoogLeNet, Inception3, LRASPP and DeepLabV3 over MobileNetV3), and
 // ResNet, DenseNet and VGG instances whose modules are not torchvision's (a
 // fine-tuned head), are rebuilt from the tree alone (tree.go): the class's
 // forward over its children, each torchvision block with its own forward,
