@@ -27,7 +27,7 @@ func TestConvertedInTorch(t *testing.T) {
 	}
 	dir := t.TempDir()
 	for _, name := range []string{"dilated_module", "fcn_module", "deeplab_module", "regnet_module", "mnasnet_module",
-		"googlenet_module", "resnet_head_module", "vgg_head_module"} {
+		"googlenet_module", "resnet_head_module", "vgg_head_module", "efficientnet_module", "lraspp_module"} {
 		t.Run(name, func(t *testing.T) {
 			in := filepath.Join("..", "fixtures", "testdata", "structure", name+".pth")
 			out, mod := filepath.Join(dir, name+"_abn.pth"), filepath.Join(dir, name+"_abn.py")

@@ -236,7 +236,8 @@ func TestModulesInTorch(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	for _, name := range []string{"dilated_module", "fcn_module", "deeplab_module", "regnet_module", "mnasnet_module", "googlenet_module", "resnet_head_module", "vgg_head_module"} {
+	for _, name := range []string{"dilated_module", "fcn_module", "deeplab_module", "regnet_module", "mnasnet_module", "googlenet_module", "resnet_head_module", "vgg_head_module",
+		"efficientnet_module", "lraspp_module"} {
 		t.Run(name, func(t *testing.T) {
 			ck, m := openModule(t, name)
 			g, _, err := FromModule(m, ck, "auto")
@@ -591,6 +592,8 @@ func TestTreeModules(t *testing.T) {
 		{"googlenet_module", "googlenet ("},
 		{"resnet_head_module", "resnet ("},
 		{"vgg_head_module", "vgg ("},
+		{"efficientnet_module", "efficientnet ("},
+		{"lraspp_module", "lraspp ("},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			gold := readStructureGolden(t, c.name)

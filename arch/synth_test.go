@@ -95,10 +95,13 @@ func sameGraph(t *testing.T, what string, a, b string) {
 }
 
 // TestTreeStateDictsAsModules: the state dict of each reduced-width
-// whole-module fixture made by real torch (RegNet, MNASNet, GoogLeNet)
-// gives the very graph its pickled module gives, every attribute equal.
+// whole-module fixture made by real torch (RegNet, MNASNet, GoogLeNet,
+// LRASPP over a dilated MobileNetV3) gives the very graph its pickled
+// module gives, every attribute equal. The tiny EfficientNet's state dict
+// is refused: its variant, which fixes BN eps and dropout, is not one of
+// torchvision's.
 func TestTreeStateDictsAsModules(t *testing.T) {
-	for _, name := range []string{"regnet_module", "mnasnet_module", "googlenet_module"} {
+	for _, name := range []string{"regnet_module", "mnasnet_module", "googlenet_module", "lraspp_module"} {
 		t.Run(name, func(t *testing.T) {
 			ck, m := openModule(t, name)
 			mg, _, err := FromModule(m, ck, "auto")
@@ -111,6 +114,10 @@ func TestTreeStateDictsAsModules(t *testing.T) {
 			}
 			sameGraph(t, name, g.String(), mg.String())
 		})
+	}
+	ck, _ := openModule(t, "efficientnet_module")
+	if _, _, err := Recognize(ck, "auto"); !errors.Is(err, ErrUnrecognised) || !strings.Contains(err.Error(), "convert the whole pickled module") {
+		t.Errorf("tiny EfficientNet state dict: %v", err)
 	}
 }
 
