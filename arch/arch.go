@@ -90,7 +90,7 @@ func Recognize(w graph.Weights, force string) (*graph.Graph, *Match, error) {
 		return forceTree(w, keys, force)
 	}
 	if !ok {
-		return nil, nil, fmt.Errorf("unknown architecture %q; supported: auto, %s", force, strings.Join(Names(), ", "))
+		return nil, nil, fmt.Errorf("unknown architecture %q; supported: auto, %s, %s", force, strings.Join(Names(), ", "), strings.Join(TreeNames(), ", "))
 	}
 	prefix := ""
 	if cands := candidates(keys, c.family); len(cands) > 0 {

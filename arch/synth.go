@@ -861,3 +861,14 @@ func synthEfficientNet(s *synth, keys []string, name string) (*pth.Module, error
 		kid("avgpool", adaptive(int64(1))),
 		kid("classifier", seq(classSequential, nil, dropout(v.dropout), fc))), nil
 }
+
+// TreeNames lists, sorted, the torchvision configurations recognised by
+// synthesising their module trees (Names lists the others).
+func TreeNames() []string {
+	var out []string
+	for _, n := range treeNames {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
