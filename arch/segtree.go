@@ -255,7 +255,7 @@ const segmentationBackboneNote = "the backbone is mobilenet_v3_large(dilated=Tru
 func synthMobileSegmentation(s *synth, keys []string, _ string) (*pth.Module, error) {
 	for _, k := range keys {
 		if strings.HasPrefix(k, "aux_classifier.") {
-			return nil, fmt.Errorf("the state dict holds an auxiliary head (%s), a second output in training, which abnconvert's graph cannot hold yet; "+
+			return nil, failure.Unsupportedf("the state dict holds an auxiliary head (%s), a second output in training, which abnconvert's graph cannot hold yet; "+
 				"load it into the model built with aux_loss=False with strict=False (the aux_classifier tensors are left out) and save that state_dict", k)
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/abnconvert/abnconvert/failure"
 	"github.com/abnconvert/abnconvert/graph"
 	"github.com/abnconvert/abnconvert/pth"
 )
@@ -309,7 +310,10 @@ func buildTree(w graph.Weights, prefix string, f treeFamily) (*graph.Graph, *Mat
 	keys := pw.Keys()
 	name := treeNames[treeSignature(pw, f.head)]
 	m, err := f.make(s, keys, name)
-	root := treeRoot{title: "mobilenet_v3 segmentation"}
+	root, ok := treeRoots[f.root]
+	if !ok {
+		root = treeRoot{title: "lraspp or deeplabv3 over MobileNetV3"}
+	}
 	if m != nil {
 		root = treeRoots[m.Class]
 		if m.Class == classDeepLabV3 {
@@ -324,8 +328,13 @@ func buildTree(w graph.Weights, prefix string, f treeFamily) (*graph.Graph, *Mat
 	}
 	g, match, err := fromTree(m, pw, root)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%w: not a torchvision %s state dict: %w", ErrUnrecognised, root.title,
-			fmt.Errorf("%s", strings.TrimPrefix(err.Error(), "whole pickled "+m.ShortClass()+": ")))
+		// The tree is synthesised: "whole pickled" would mislead. The
+		// error's kind (unsupported or bad input) is kept.
+		msg := fmt.Errorf("%w: not a torchvision %s state dict: %s", ErrUnrecognised, root.title, strings.TrimPrefix(err.Error(), "whole pickled "+m.ShortClass()+": "))
+		if failure.Of(err) == failure.Unsupported {
+			msg = failure.As(failure.Unsupported, msg)
+		}
+		return nil, nil, msg
 	}
 	if prefix != "" {
 		g = withPrefix(g, prefix)
@@ -574,7 +583,7 @@ func (s *synth) basicConv2d(class, path string, in, stride int, p pad) (*pth.Mod
 func refuseAux(keys []string, aux, how string) error {
 	for _, k := range keys {
 		if strings.HasPrefix(k, aux) {
-			return fmt.Errorf("the state dict holds auxiliary classifier tensors (%s), a second output in training, which abnconvert's graph cannot hold yet; %s", k, how)
+			return failure.Unsupportedf("the state dict holds auxiliary classifier tensors (%s), a second output in training, which abnconvert's graph cannot hold yet; %s", k, how)
 		}
 	}
 	return nil

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/abnconvert/abnconvert/failure"
 	"github.com/abnconvert/abnconvert/pth"
 )
 
@@ -48,21 +49,25 @@ func TestTreeStateDictRefusals(t *testing.T) {
 		name string
 		ts   []tensor
 		want string
+		kind failure.Kind
 	}{
 		{"googlenet aux", append(append([]tensor{}, keys["googlenet"]...), tensor{"aux1.conv.conv.weight", []int{128, 512, 1, 1}}),
-			"aux_logits=False, init_weights=False) with strict=False"},
+			"googlenet state dict: the state dict holds auxiliary classifier tensors (aux1.conv.conv.weight), a second output in training, which abnconvert's graph cannot hold yet; " +
+				"load it into torchvision.models.googlenet(aux_logits=False, init_weights=False) with strict=False", failure.Unsupported},
 		{"inception aux", append(append([]tensor{}, keys["inception_v3"]...), tensor{"AuxLogits.conv0.conv.weight", []int{128, 768, 1, 1}}),
-			"inception_v3(aux_logits=False"},
-		{"mobilenet_v2 missing", edit(keys["mobilenet_v2"], `^features\.5\.conv\.1\.0\.weight$`, nil), "lacks 1 keys: features.5.conv.1.0.weight"},
-		{"mobilenet_v2 short", edit(keys["mobilenet_v2"], `^features\.18\.`, nil), "features has 18 modules"},
-		{"mobilenet_v3 blocks", edit(keys["mobilenet_v3_small"], `^features\.12\.`, nil), "features has 10 blocks"},
-		{"regnet extra", append(append([]tensor{}, keys["regnet_x_400mf"]...), tensor{"head.weight", []int{3, 3}}), "no module of the forward uses: head.weight"},
+			"inception_v3(aux_logits=False", failure.Unsupported},
+		{"deeplabv3 mobilenet aux", append(append([]tensor{}, keys["deeplabv3_mobilenet_v3_large"]...), tensor{"aux_classifier.0.weight", []int{10, 40, 3, 3}}),
+			"aux_loss=False with strict=False", failure.Unsupported},
+		{"mobilenet_v2 missing", edit(keys["mobilenet_v2"], `^features\.5\.conv\.1\.0\.weight$`, nil), "lacks 1 keys: features.5.conv.1.0.weight", failure.BadInput},
+		{"mobilenet_v2 short", edit(keys["mobilenet_v2"], `^features\.18\.`, nil), "features has 18 modules", failure.BadInput},
+		{"mobilenet_v3 blocks", edit(keys["mobilenet_v3_small"], `^features\.12\.`, nil), "features has 10 blocks", failure.BadInput},
+		{"regnet extra", append(append([]tensor{}, keys["regnet_x_400mf"]...), tensor{"head.weight", []int{3, 3}}), "no module of the forward uses: head.weight", failure.BadInput},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			_, _, err := Recognize(weightsOf(c.ts, ""), "auto")
-			if !errors.Is(err, ErrUnrecognised) || !strings.Contains(err.Error(), c.want) {
-				t.Errorf("got %v, want ErrUnrecognised with %q", err, c.want)
+			if !errors.Is(err, ErrUnrecognised) || !strings.Contains(err.Error(), c.want) || failure.Of(err) != c.kind {
+				t.Errorf("got %v (%v), want ErrUnrecognised (%v) with %q", err, failure.Of(err), c.kind, c.want)
 			}
 		})
 	}
