@@ -233,9 +233,7 @@ var treeFallback = map[string]treeRoot{FamilyResNet: resnetTree, FamilyDenseNet:
 
 // notBuilt names the allowlisted torchvision models whose forward is not
 // rebuilt yet, and what they need.
-var notBuilt = map[string]string{
-	"torchvision.models.shufflenetv2.ShuffleNetV2": "abnconvert does not rebuild ShuffleNetV2's forward yet: it needs the channel split (chunk) and shuffle (Reshape, Transpose)",
-}
+var notBuilt = map[string]string{}
 
 // dilations notes the dilated convolutions, the structure a state dict
 // cannot show.

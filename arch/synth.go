@@ -264,6 +264,8 @@ var treeFamilies = []treeFamily{
 		assumed: "EfficientNet's stage table (strides 1, 2, 2, 2, 1, 2, 1), SiLU, Sigmoid gates, StochasticDepth(0.2 * block index / blocks, \"row\") on every residual branch, and the variant's classifier dropout and BN eps and momentum"},
 	{anchor: "backbone.1.block.0.0.weight", make: synthMobileSegmentation, head: []string{"classifier.low_classifier", "classifier.high_classifier", "classifier.4"},
 		assumed: segmentationBackboneNote + ", and the head as torchvision's builder makes it (LRASPPHead with bilinear resizing; or DeepLabHead with ASPP rates 12, 24, 36 and Dropout(0.5)), BN eps 0.001 and momentum 0.01 in the backbone, 1e-5 and 0.1 in the head"},
+	{anchor: "stage2.0.branch2.0.weight", root: "torchvision.models.shufflenetv2.ShuffleNetV2", make: synthShuffleNetV2, head: []string{"fc"},
+		assumed: "ShuffleNetV2's strides (2 in conv1, the max pool and the first block of each stage), channel split and shuffle in two groups, ReLU, BN eps 1e-5 and momentum 0.1"},
 	{anchor: "inception3a.branch1.conv.weight", root: "torchvision.models.googlenet.GoogLeNet", make: synthGoogLeNet, head: []string{"fc"},
 		assumed: "GoogLeNet's strides and paddings, MaxPool2d(3, 2, ceil_mode=True) between stages, aux_logits=False, transform_input=False (torchvision sets it when built with pretrained weights: normalise the input yourself, or convert the whole module), Dropout(0.2), BN eps 0.001 and momentum 0.1"},
 	{anchor: "Mixed_5b.branch1x1.conv.weight", root: "torchvision.models.inception.Inception3", make: synthInception3, head: []string{"fc"},
@@ -751,6 +753,10 @@ var treeNames = map[string]string{
 	"3d0d14e27e176f17": "regnet_y_128gf",
 	"589c386ac6d2458d": "googlenet",
 	"0d8f4a297c2443e9": "inception_v3",
+	"6d379568055400b7": "shufflenet_v2_x0_5",
+	"5ed09930a1c3e1f6": "shufflenet_v2_x1_0",
+	"5ad1252c745862af": "shufflenet_v2_x1_5",
+	"267dc5df437202ff": "shufflenet_v2_x2_0",
 	"d87c3cb1a1e6e897": "efficientnet_b0",
 	"a668e8f961f05ca1": "efficientnet_b1",
 	"3a366b1ad3e30dd2": "efficientnet_b2",
@@ -880,4 +886,46 @@ func TreeNames() []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// synthShuffleNetV2 mirrors ShuffleNetV2.__init__ (stages 2-4 of
+// InvertedResidual blocks, the first of each at stride 2).
+func synthShuffleNetV2(s *synth, keys []string, _ string) (*pth.Module, error) {
+	const eps, mom = 1e-5, 0.1
+	c1, c := s.conv("conv1.0", 3, 2, same)
+	kids := []pth.Child{kid("conv1", seq(classSequential, nil, c1, s.bn("conv1.1", eps, mom), act("ReLU"))),
+		kid("maxpool", maxPool(3, 2, 1, false))}
+	const block = "torchvision.models.shufflenetv2.InvertedResidual"
+	for st := 2; st <= 4; st++ {
+		sp := fmt.Sprintf("stage%d", st)
+		n := count(keys, sp)
+		if n == 0 {
+			return nil, fmt.Errorf("%s has no blocks", sp)
+		}
+		var blocks []*pth.Module
+		for j := 0; j < n; j++ {
+			p := fmt.Sprintf("%s.%d", sp, j)
+			stride := 1
+			branch1 := tree(classSequential, nil)
+			in := c / 2
+			if j == 0 {
+				stride, in = 2, c
+				dw, _ := s.conv(p+".branch1.0", c, 2, same)
+				pw, _ := s.conv(p+".branch1.2", c, 1, noPad)
+				branch1 = seq(classSequential, nil, dw, s.bn(p+".branch1.1", eps, mom), pw, s.bn(p+".branch1.3", eps, mom), act("ReLU"))
+			}
+			a, bf := s.conv(p+".branch2.0", in, 1, noPad)
+			dw, _ := s.conv(p+".branch2.3", bf, stride, same)
+			pw, _ := s.conv(p+".branch2.5", bf, 1, noPad)
+			branch2 := seq(classSequential, nil, a, s.bn(p+".branch2.1", eps, mom), act("ReLU"), dw, s.bn(p+".branch2.4", eps, mom),
+				pw, s.bn(p+".branch2.6", eps, mom), act("ReLU"))
+			blocks = append(blocks, tree(block, map[string]pth.Value{"stride": int64(stride)}, kid("branch1", branch1), kid("branch2", branch2)))
+			c = 2 * bf
+		}
+		kids = append(kids, kid(sp, seq(classSequential, nil, blocks...)))
+	}
+	c5, _ := s.conv("conv5.0", c, 1, noPad)
+	fc, _ := s.linear("fc")
+	kids = append(kids, kid("conv5", seq(classSequential, nil, c5, s.bn("conv5.1", eps, mom), act("ReLU"))), kid("fc", fc))
+	return tree("torchvision.models.shufflenetv2.ShuffleNetV2", nil, kids...), nil
 }

@@ -139,7 +139,7 @@ func TestFullSizeTreeStateDicts(t *testing.T) {
 		t.Skipf("%s cannot import torchvision: %v", python, err)
 	}
 	names := []string{"mobilenet_v2", "mobilenet_v3_large", "mobilenet_v3_small", "mnasnet0_5", "mnasnet1_3", "regnet_x_400mf", "regnet_y_800mf",
-		"googlenet", "inception_v3", "efficientnet_b0", "efficientnet_v2_s", "lraspp_mobilenet_v3_large", "deeplabv3_mobilenet_v3_large"}
+		"googlenet", "inception_v3", "shufflenet_v2_x0_5", "efficientnet_b0", "efficientnet_v2_s", "lraspp_mobilenet_v3_large", "deeplabv3_mobilenet_v3_large"}
 	dir := t.TempDir()
 	script := `import sys, torch, torchvision
 for f in ("kaiming_normal_", "kaiming_uniform_", "normal_", "uniform_", "zeros_", "ones_", "constant_", "trunc_normal_"):

@@ -29,6 +29,7 @@ var treeRoots = map[string]treeRoot{
 	// EfficientNet's forward is MobileNetV3's: features, avgpool,
 	// flatten, classifier.
 	"torchvision.models.efficientnet.EfficientNet": {title: "efficientnet", build: mobilenetV3Forward},
+	"torchvision.models.shufflenetv2.ShuffleNetV2": {title: "shufflenet_v2", build: shufflenetForward},
 	"torchvision.models.inception.Inception3": {title: "inception_v3", attrs: []string{"aux_logits", "transform_input", "AuxLogits"},
 		build: inception3Forward},
 	"torchvision.models.googlenet.GoogLeNet": {title: "googlenet", attrs: []string{"aux_logits", "transform_input", "aux1", "aux2"},
@@ -47,29 +48,30 @@ func init() {
 	}
 	blocks = map[string]func(b *chainBuilder, m *pth.Module, path string) error{
 		// nn.Sequential subclasses: their children in order.
-		"torchvision.ops.misc.Conv2dNormActivation":       seq("out_channels"),
-		"torchvision.models.regnet.SimpleStemIN":          seq("out_channels"),
-		"torchvision.models.regnet.BottleneckTransform":   seq(),
-		"torchvision.models.regnet.AnyStage":              seq(),
-		"torchvision.models.mnasnet._InvertedResidual":    mnasnetBlock,
-		"torchvision.models.regnet.ResBottleneckBlock":    regnetBlock,
-		"torchvision.models.resnet.BasicBlock":            resnetTreeBlock,
-		"torchvision.models.resnet.Bottleneck":            resnetTreeBlock,
-		"torchvision.models.googlenet.BasicConv2d":        basicConv,
-		"torchvision.models.densenet._DenseBlock":         denseBlock,
-		"torchvision.models.inception.BasicConv2d":        basicConv,
-		"torchvision.models.mobilenetv2.InvertedResidual": invertedResidual,
-		"torchvision.models.mobilenetv3.InvertedResidual": invertedResidual,
-		"torchvision.ops.misc.SqueezeExcitation":          squeezeExcitation,
-		"torchvision.models.inception.InceptionA":         inceptionV3Block,
-		"torchvision.models.inception.InceptionB":         inceptionV3Block,
-		"torchvision.models.inception.InceptionC":         inceptionV3Block,
-		"torchvision.models.inception.InceptionD":         inceptionV3Block,
-		"torchvision.models.inception.InceptionE":         inceptionV3Block,
-		"torchvision.models.densenet._Transition":         seq(),
-		"torchvision.models.googlenet.Inception":          inceptionBlock,
-		"torchvision.models.efficientnet.MBConv":          mbConv,
-		"torchvision.models.efficientnet.FusedMBConv":     mbConv,
+		"torchvision.ops.misc.Conv2dNormActivation":        seq("out_channels"),
+		"torchvision.models.regnet.SimpleStemIN":           seq("out_channels"),
+		"torchvision.models.regnet.BottleneckTransform":    seq(),
+		"torchvision.models.regnet.AnyStage":               seq(),
+		"torchvision.models.mnasnet._InvertedResidual":     mnasnetBlock,
+		"torchvision.models.regnet.ResBottleneckBlock":     regnetBlock,
+		"torchvision.models.resnet.BasicBlock":             resnetTreeBlock,
+		"torchvision.models.resnet.Bottleneck":             resnetTreeBlock,
+		"torchvision.models.googlenet.BasicConv2d":         basicConv,
+		"torchvision.models.densenet._DenseBlock":          denseBlock,
+		"torchvision.models.inception.BasicConv2d":         basicConv,
+		"torchvision.models.mobilenetv2.InvertedResidual":  invertedResidual,
+		"torchvision.models.mobilenetv3.InvertedResidual":  invertedResidual,
+		"torchvision.ops.misc.SqueezeExcitation":           squeezeExcitation,
+		"torchvision.models.inception.InceptionA":          inceptionV3Block,
+		"torchvision.models.inception.InceptionB":          inceptionV3Block,
+		"torchvision.models.inception.InceptionC":          inceptionV3Block,
+		"torchvision.models.inception.InceptionD":          inceptionV3Block,
+		"torchvision.models.inception.InceptionE":          inceptionV3Block,
+		"torchvision.models.densenet._Transition":          seq(),
+		"torchvision.models.googlenet.Inception":           inceptionBlock,
+		"torchvision.models.efficientnet.MBConv":           mbConv,
+		"torchvision.models.efficientnet.FusedMBConv":      mbConv,
+		"torchvision.models.shufflenetv2.InvertedResidual": shuffleBlock,
 	}
 	registerSegmentationTrees()
 }
@@ -758,5 +760,89 @@ func mbConv(b *chainBuilder, m *pth.Module, path string) error {
 	c := b.cur.Channels
 	b.cur = b.g.Add(path+".add", graph.OpAdd, graph.Attr{}, nil, b.cur, x)
 	b.cur.Channels = c
+	return nil
+}
+
+// shufflenetForward is ShuffleNetV2's forward: conv1, maxpool, the three
+// stages, conv5, x.mean([2, 3]), fc.
+func shufflenetForward(b *chainBuilder, m *pth.Module) error {
+	order := []string{"conv1", "maxpool", "stage2", "stage3", "stage4", "conv5"}
+	kids, err := children(m, append(order, "fc")...)
+	if err != nil {
+		return err
+	}
+	for _, name := range order {
+		if err := b.run(m, kids, "", name); err != nil {
+			return err
+		}
+	}
+	b.globalPool("mean", false)
+	return b.run(m, kids, "", "fc")
+}
+
+// shuffleBlock is ShuffleNetV2's InvertedResidual: at stride 1 the input's
+// channels are split in two halves (x.chunk(2, dim=1)), the first kept and
+// the second through branch2; at stride 2 both branches read the whole
+// input; the two are concatenated and the channels shuffled in two groups.
+func shuffleBlock(b *chainBuilder, m *pth.Module, path string) error {
+	if err := checkAttrs(m, "stride"); err != nil {
+		return err
+	}
+	stride, ok := integer(m.Attr("stride"))
+	if !ok || stride < 1 || stride > 3 {
+		return fmt.Errorf("stride is %s", describe(m.Attr("stride")))
+	}
+	kids, err := children(m, "branch1", "branch2")
+	if err != nil {
+		return err
+	}
+	x := b.cur
+	var left, right *graph.Value
+	if stride == 1 {
+		if br := kids["branch1"]; br != nil && len(br.Children) > 0 {
+			return failure.Unsupportedf("branch1 has layers at stride 1, which torchvision's forward does not use")
+		}
+		c := x.Channels
+		if c%2 != 0 {
+			return fmt.Errorf("stride 1 with %d input channels: x.chunk(2) needs an even count", c)
+		}
+		half := func(name string, start, end int) *graph.Value {
+			v := b.g.Add(path+"."+name, graph.OpSlice, graph.Attr{Axis: 1, Layout: &graph.Layout{Start: start, End: end}}, nil, x)
+			v.Channels = end - start
+			return v
+		}
+		left = half("chunk0", 0, c/2)
+		b.cur = half("chunk1", c/2, c)
+	} else {
+		if kids["branch1"] == nil || len(kids["branch1"].Children) == 0 {
+			return fmt.Errorf("stride %d without branch1", stride)
+		}
+		if err := b.run(m, kids, path, "branch1"); err != nil {
+			return err
+		}
+		left = b.cur
+		b.cur = x
+	}
+	if err := b.run(m, kids, path, "branch2"); err != nil {
+		return err
+	}
+	right = b.cur
+	c := left.Channels + right.Channels
+	if c%2 != 0 {
+		return fmt.Errorf("%d channels cannot be shuffled in two groups", c)
+	}
+	cat := b.g.Add(path+".cat", graph.OpConcat, graph.Attr{Axis: 1}, nil, left, right)
+	cat.Channels = c
+	// channel_shuffle(out, 2): view(b, 2, c // 2, h, w), transpose(1, 2),
+	// view(b, -1, h, w).
+	v := b.g.Add(path+".shuffle.view", graph.OpReshape, graph.Attr{Layout: &graph.Layout{Shape: []graph.Dim{
+		graph.RefDim(0, 0), graph.ConstDim(2), graph.ConstDim(int64(c / 2)), graph.RefDim(0, 2), graph.RefDim(0, 3)}}}, nil, cat)
+	v.Channels = 2
+	v = b.g.Add(path+".shuffle.transpose", graph.OpTranspose, graph.Attr{Layout: &graph.Layout{Perm: []int{0, 2, 1, 3, 4}}}, nil, v)
+	v.Channels = c / 2
+	v = b.g.Add(path+".shuffle.flatten", graph.OpReshape, graph.Attr{Layout: &graph.Layout{Shape: []graph.Dim{
+		graph.RefDim(0, 0), graph.ConstDim(-1), graph.RefDim(0, 3), graph.RefDim(0, 4)}}}, nil, v)
+	v.Channels = c
+	b.cur = v
 	return nil
 }

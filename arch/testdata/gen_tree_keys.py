@@ -2,7 +2,8 @@
 """Regenerates torchvision_tree_keys.json.gz: the state-dict keys and shapes
 (no values) of every torchvision 0.14 classifier whose state dict arch
 recognises by synthesising its module tree (MobileNetV2, MobileNetV3,
-MNASNet, RegNet, GoogLeNet and Inception3 without auxiliary classifiers,
+MNASNet, RegNet, ShuffleNetV2, GoogLeNet and Inception3 without auxiliary
+classifiers,
 EfficientNet V1 and V2, and the MobileNetV3 segmentation models),
 straight from torchvision's constructors (weight initialisation skipped: only
 shapes are kept). It prints arch's treeNames table, the signature (SHA-256
@@ -26,7 +27,7 @@ for f in ("kaiming_normal_", "kaiming_uniform_", "normal_", "uniform_", "zeros_"
 M = torchvision.models
 NAMES = ["mobilenet_v2", "mobilenet_v3_large", "mobilenet_v3_small", "mnasnet0_5", "mnasnet0_75", "mnasnet1_0", "mnasnet1_3"] + \
     ["regnet_%s_%s" % (k, s) for k in "xy" for s in ("400mf", "800mf", "1_6gf", "3_2gf", "8gf", "16gf", "32gf")] + \
-    ["regnet_y_128gf", "googlenet", "inception_v3"] + ["efficientnet_b%d" % i for i in range(8)] + \
+    ["regnet_y_128gf", "googlenet", "inception_v3", "shufflenet_v2_x0_5", "shufflenet_v2_x1_0", "shufflenet_v2_x1_5", "shufflenet_v2_x2_0"] + ["efficientnet_b%d" % i for i in range(8)] + \
     ["efficientnet_v2_s", "efficientnet_v2_m", "efficientnet_v2_l", "lraspp_mobilenet_v3_large", "deeplabv3_mobilenet_v3_large"]
 # The segmentation heads' modules whose shapes follow num_classes.
 SEG_HEAD = ("classifier.low_classifier", "classifier.high_classifier", "classifier.4")
