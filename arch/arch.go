@@ -17,7 +17,8 @@
 // not understood is an error.
 //
 // State dicts of the families rebuilt from module trees (MobileNetV2 and
-// V3, MNASNet, RegNet, GoogLeNet, Inception3, EfficientNet V1 and V2, and
+// V3, MNASNet, RegNet, ShuffleNetV2, GoogLeNet, Inception3, EfficientNet V1
+// and V2, and
 // lraspp/deeplabv3_mobilenet_v3_large) are recognised by synthesising the
 // tree torchvision's constructor would build for their keys and shapes
 // (synth.go) and building it like a pickled module: both paths give the

@@ -19,7 +19,7 @@ import (
 // holds takes that module's attributes (a Conv2d's stride, padding and
 // dilation, a pool's geometry, a BN's eps and momentum...), which a state
 // dict does not hold: a dilated ResNet has the same keys as a plain one.
-// Other torchvision models (RegNet, MNASNet, MobileNetV2/V3, EfficientNet,
+// Other torchvision models (RegNet, MNASNet, MobileNetV2/V3, EfficientNet, ShuffleNetV2,
 // GoogLeNet, Inception3, LRASPP and DeepLabV3 over MobileNetV3), and
 // ResNet, DenseNet and VGG instances whose modules are not torchvision's (a
 // fine-tuned head), are rebuilt from the tree alone (tree.go): the class's
@@ -202,7 +202,7 @@ func FromModule(m *pth.Module, w graph.Weights, force string) (*graph.Graph, *Ma
 		return nil, nil, failure.Unsupportedf("a whole pickled %s was read as data, but %s; until then, export it with torch.onnx.export(..., training=torch.onnx.TrainingMode.PRESERVE) and use --graph", m.ShortClass(), why)
 	}
 	if m.Class != classSequential {
-		return nil, nil, failure.Unsupportedf("a whole pickled %s: abnconvert rebuilds the forward of nn.Sequential chains and of torchvision's ResNet, DenseNet, VGG, FCN and DeepLabV3 classes only; "+
+		return nil, nil, failure.Unsupportedf("a whole pickled %s: abnconvert rebuilds the forward of nn.Sequential chains and of torchvision's BatchNorm classification and segmentation classes only; "+
 			"for anything else export the model to ONNX with training=torch.onnx.TrainingMode.PRESERVE and convert its state_dict with --graph model.onnx", m.Class)
 	}
 	b := &chainBuilder{w: w, used: map[string]bool{}}
