@@ -119,8 +119,12 @@ cuda-test:
 	$(GO) test -c -tags cuda -o bin/cuda.test ./cuda
 
 # The kernels' arithmetic against the CPU backend, on the CPU (needs g++).
+# cgo does not track the kernels/*.cu that cuda/emu.cc includes: their digest
+# in CGO_CXXFLAGS makes an edited kernel rebuild the emulator instead of
+# reusing the build cache's.
+KERNELS_SHA = $(shell cat cuda/kernels/*.cu cuda/kernels/*.cuh | sha256sum | cut -c1-16)
 cuda-emu:
-	$(GO) test -tags cudaemu ./cuda/
+	CGO_CXXFLAGS="$${CGO_CXXFLAGS:--g -O2} -DABN_KERNELS_SHA=$(KERNELS_SHA)" $(GO) test -tags cudaemu ./cuda/
 
 # Regenerate the committed PTX after editing cuda/kernels/*.cu or *.cuh
 # (needs nvcc), and its record kernels/PTX.sum: the sha256 of every source,

@@ -105,14 +105,13 @@ func (b *Backend) Mul(dst, x, y runtime.Tensor) error {
 	return nil
 }
 
-// kernelAct refuses the activations the kernels do not compute (the
-// kernels' switch would otherwise pass them through as identity).
+// kernelAct refuses activation kinds the kernels do not know (their switch
+// would pass them through as identity).
 func kernelAct(act runtime.Act) error {
-	switch act.Kind {
-	case runtime.ActIdentity, runtime.ActReLU, runtime.ActLeakyReLU, runtime.ActELU:
-		return nil
+	if act.Kind > runtime.ActGELU {
+		return fmt.Errorf("cuda: activation %s (kind %d) has no kernel", act, int(act.Kind))
 	}
-	return fmt.Errorf("cuda: activation %s has no kernel yet (the CPU backend runs it)", act)
+	return nil
 }
 
 func (b *Backend) Activation(dst, src runtime.Tensor, act runtime.Act) error {
@@ -127,7 +126,7 @@ func (b *Backend) Activation(dst, src runtime.Tensor, act runtime.Act) error {
 		return err
 	}
 	if n := t[0].numel(); n > 0 {
-		return b.launch(kAct, vecDims(n, b.sms), tp(t[0]), tp(t[1]), i64(n), i32(int(act.Kind)), f32(float32(act.Param)))
+		return b.launch(kAct, vecDims(n, b.sms), tp(t[0]), tp(t[1]), i64(n), i32(int(act.Kind)), f32(float32(act.Param)), f32(float32(act.Param2)))
 	}
 	return nil
 }
@@ -145,7 +144,7 @@ func (b *Backend) ActivationBackward(dx, dy, saved runtime.Tensor, act runtime.A
 	}
 	if n := t[0].numel(); n > 0 {
 		return b.launch(kActBwd, vecDims(n, b.sms), tp(t[0]), tp(t[1]), tp(t[2]), i64(n),
-			i32(int(act.Kind)), f32(float32(act.Param)), boolArg(fromOutput))
+			i32(int(act.Kind)), f32(float32(act.Param)), f32(float32(act.Param2)), boolArg(fromOutput))
 	}
 	return nil
 }

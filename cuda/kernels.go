@@ -46,6 +46,9 @@ const (
 	kAvgPoolBwd
 	kAdaptivePool
 	kAdaptivePoolBwd
+	kBinary
+	kBinaryBwd
+	kBinarySum
 	numKernels
 )
 
@@ -60,8 +63,8 @@ type kernelSpec struct {
 }
 
 var kernelSpecs = [numKernels]kernelSpec{
-	kAct:             {"ew_act", "elementwise", "pplif"},
-	kActBwd:          {"ew_act_bwd", "elementwise", "ppplifi"},
+	kAct:             {"ew_act", "elementwise", "ppliff"},
+	kActBwd:          {"ew_act_bwd", "elementwise", "pppliffi"},
 	kAdd:             {"ew_add", "elementwise", "pppl"},
 	kAcc:             {"ew_acc", "elementwise", "ppl"},
 	kMul:             {"ew_mul", "elementwise", "pppl"},
@@ -87,6 +90,9 @@ var kernelSpecs = [numKernels]kernelSpec{
 	kAvgPoolBwd:      {"avgpool_bwd", "pool", "ppliiiiiiiiiii"},
 	kAdaptivePool:    {"adaptive_pool", "pool", "ppliiii"},
 	kAdaptivePoolBwd: {"adaptive_pool_bwd", "pool", "ppliiii"},
+	kBinary:          {"bc_binary", "broadcast", "pppli" + bgeoParams},
+	kBinaryBwd:       {"bc_binary_bwd", "broadcast", "pppppli" + bgeoParams},
+	kBinarySum:       {"bc_binary_sum", "broadcast", "ppppllii" + bgeoParams},
 }
 
 func (k kernelID) String() string {

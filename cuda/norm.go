@@ -149,7 +149,20 @@ func (b *Backend) apply(s normShape, bwd bool, mode int, act runtime.Act, coef u
 	return nil
 }
 
+// normAct refuses the activations bn_apply does not compute: InPlace-ABN's
+// are identity, ReLU, leaky ReLU and ELU; the others run as their own op
+// after an identity one.
+func normAct(act runtime.Act) error {
+	if act.Kind > runtime.ActELU {
+		return fmt.Errorf("cuda: normalize with %s: the batch-norm kernels apply identity, relu, leaky_relu or elu", act)
+	}
+	return nil
+}
+
 func (b *Backend) Normalize(y, x, sign, mean, variance, weight, bias runtime.Tensor, p runtime.NormParams) error {
+	if err := normAct(p.Act); err != nil {
+		return err
+	}
 	t, err := b.floats(y, x, sign, mean, variance, weight, bias)
 	if err != nil {
 		return err
@@ -250,6 +263,9 @@ func (b *Backend) NormalizeBackward(dx, dweight, dbias, dy, x, sign, mean, varia
 }
 
 func (b *Backend) NormalizeBackwardFromOutput(dx, dweight, dbias, dz, z, sign, variance, weight, bias runtime.Tensor, p runtime.NormParams, training bool) error {
+	if err := normAct(p.Act); err != nil {
+		return err
+	}
 	switch {
 	case p.Act.Kind == runtime.ActReLU:
 		return fmt.Errorf("cuda: relu is not invertible: InPlace-ABN's backward cannot recover its input")

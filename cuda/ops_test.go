@@ -1,7 +1,13 @@
 package cuda
 
 import (
+	"fmt"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -39,6 +45,31 @@ func (m *mk) f(shape ...int) runtime.Tensor {
 		}
 	}
 	return x
+}
+
+// wide is f with values about N(0, 4²): past the kinks of ReLU6, Hardswish
+// and Hardsigmoid at ±3 and 6.
+func (m *mk) wide(shape ...int) runtime.Tensor {
+	m.t.Helper()
+	x := m.f(shape...)
+	v := make([]float32, numel(shape))
+	for i := range v {
+		v[i] = 4 * float32(m.r.NormFloat64())
+	}
+	if err := m.b.Upload(x, v); err != nil {
+		m.t.Fatal(err)
+	}
+	return x
+}
+
+// bc is the backend's broadcasting ops (the CPU and CUDA backends have them).
+func (m *mk) bc() runtime.Broadcasting {
+	m.t.Helper()
+	bb, ok := m.b.(runtime.Broadcasting)
+	if !ok {
+		m.t.Fatalf("backend %s has no broadcasting ops", m.b.Name())
+	}
+	return bb
 }
 
 // pos is f with positive values (variances).
@@ -96,7 +127,92 @@ var (
 	poolAvg = runtime.PoolParams{Kernel: [2]int{3, 2}, Stride: [2]int{2, 2}, Padding: [2]int{1, 0}, CeilMode: true}
 	nLeaky  = runtime.NormParams{Eps: 1e-5, AbsWeight: true, Act: leaky}
 	nPlain  = runtime.NormParams{Eps: 1e-5}
+	// The activations InPlace-ABN cannot invert, with torch's parameters.
+	relu6       = runtime.Act{Kind: runtime.ActHardtanh, Param: 0, Param2: 6}
+	hardtanh    = runtime.Act{Kind: runtime.ActHardtanh, Param: -1, Param2: 1}
+	sigmoid     = runtime.Act{Kind: runtime.ActSigmoid}
+	silu        = runtime.Act{Kind: runtime.ActSiLU}
+	hardsigmoid = runtime.Act{Kind: runtime.ActHardsigmoid, Param: 1.0 / 6, Param2: 0.5}
+	hardswish   = runtime.Act{Kind: runtime.ActHardswish}
+	gelu        = runtime.Act{Kind: runtime.ActGELU}
 )
+
+// smoothCases are forward and backward of every activation InPlace-ABN
+// cannot invert, on shapes with a tail past the last float4 and without,
+// in place and not. Sigmoid's backward reads its output, the others' their
+// input (wide values, across every kink).
+func smoothCases() []opCase {
+	var out []opCase
+	for _, c := range []struct {
+		name string
+		act  runtime.Act
+	}{{"relu6", relu6}, {"hardtanh(-1, 1)", hardtanh}, {"sigmoid", sigmoid}, {"silu", silu},
+		{"hardsigmoid", hardsigmoid}, {"hardswish", hardswish}, {"gelu", gelu}} {
+		act := c.act
+		out = append(out,
+			opCase{c.name, func(m *mk) error { return m.b.Activation(m.f(3, 4, 7), m.wide(3, 4, 7), act) }, "ew_act"},
+			opCase{c.name + " in place, float4", func(m *mk) error {
+				x := m.wide(2, 8, 4, 4)
+				return m.b.Activation(x, x, act)
+			}, "ew_act"},
+			opCase{c.name + " backward", func(m *mk) error {
+				saved := m.wide(3, 5, 7)
+				if act.Kind == runtime.ActSigmoid {
+					saved = m.pos(3, 5, 7) // an output, in (0, 1) up to 0.25
+				}
+				return m.b.ActivationBackward(m.f(3, 5, 7), m.f(3, 5, 7), saved, act, act.Kind == runtime.ActSigmoid)
+			}, "ew_act_bwd"},
+			opCase{c.name + " backward in place, float4", func(m *mk) error {
+				g := m.f(2, 8, 4, 4)
+				return m.b.ActivationBackward(g, g, m.wide(2, 8, 4, 4), act, false)
+			}, "ew_act_bwd"},
+		)
+	}
+	return out
+}
+
+// broadcastCases are every binary op, forward and backward, on operand
+// shapes broadcast on either side, on both, at lower rank, to a scalar and
+// not at all. The kernels: a sum per broadcast operand's gradient, then
+// one elementwise pass for the others.
+func broadcastCases() []opCase {
+	var out []opCase
+	for _, c := range []struct {
+		a, b []int
+		bwd  string
+	}{
+		{[]int{2, 8, 4, 4}, []int{2, 8, 1, 1}, "bc_binary_sum bc_binary_bwd"}, // squeeze-and-excitation
+		{[]int{2, 3, 1, 1}, []int{2, 3, 4, 5}, "bc_binary_sum bc_binary_bwd"},
+		{[]int{2, 3, 4, 5}, []int{3, 1, 1}, "bc_binary_sum bc_binary_bwd"},
+		{[]int{2, 1, 4, 1}, []int{1, 3, 1, 5}, "bc_binary_sum bc_binary_sum"},
+		{[]int{2, 3, 4, 5}, []int{5}, "bc_binary_sum bc_binary_bwd"},
+		{[]int{3, 1, 5}, []int{2, 3, 4, 1}, "bc_binary_sum bc_binary_sum"},
+		{[]int{2, 3, 4, 5}, []int{2, 3, 4, 5}, "bc_binary_bwd"},
+		{[]int{4, 1}, []int{}, "bc_binary_sum bc_binary_bwd"},
+	} {
+		ys, err := runtime.BroadcastShape(c.a, c.b)
+		if err != nil {
+			panic(err)
+		}
+		for _, op := range []runtime.BinaryOp{runtime.BinaryAdd, runtime.BinarySub, runtime.BinaryMul, runtime.BinaryDiv} {
+			name := fmt.Sprintf("%s %v %v", op, c.a, c.b)
+			out = append(out,
+				opCase{name, func(m *mk) error { return m.bc().Binary(m.f(ys...), m.f(c.a...), m.pos(c.b...), op) }, "bc_binary"},
+				opCase{name + " backward", func(m *mk) error {
+					da, db, dy := m.f(c.a...), m.f(c.b...), m.f(ys...)
+					var a, b runtime.Tensor
+					if op == runtime.BinaryMul || op == runtime.BinaryDiv {
+						a, b = m.f(c.a...), m.pos(c.b...)
+					}
+					return m.bc().BinaryBackward(da, db, dy, a, b, op)
+				}, c.bwd},
+			)
+		}
+	}
+	return out
+}
+
+func init() { opCases = append(append(opCases, smoothCases()...), broadcastCases()...) }
 
 // opCase is one backend call. ops lists the kernels the CUDA backend
 // launches for it, in order.
@@ -276,6 +392,20 @@ func TestOpErrors(t *testing.T) {
 		{"concat channels", func(m *mk) error { return m.b.Concat(m.f(2, 9, 4, 4), m.f(2, 3, 4, 4), m.f(2, 5, 4, 4)) }},
 		{"concat planes", func(m *mk) error { return m.b.Concat(m.f(2, 8, 4, 4), m.f(2, 3, 4, 4), m.f(2, 5, 4, 3)) }},
 		{"float32 op on int64", func(m *mk) error { return m.b.Activation(m.i(4), m.i(4), leaky) }},
+		{"binary shapes", func(m *mk) error { return m.bc().Binary(m.f(2, 3), m.f(2, 3), m.f(3, 2), runtime.BinaryMul) }},
+		{"binary output shape", func(m *mk) error { return m.bc().Binary(m.f(7, 2, 3), m.f(2, 3), m.f(3), runtime.BinaryAdd) }},
+		{"mul backward without operands", func(m *mk) error {
+			return m.bc().BinaryBackward(m.f(2, 3), m.f(3), m.f(2, 3), nil, nil, runtime.BinaryMul)
+		}},
+		{"div backward operand shapes", func(m *mk) error {
+			return m.bc().BinaryBackward(m.f(2, 3), m.f(3), m.f(2, 3), m.f(2, 3), m.f(2, 3), runtime.BinaryDiv)
+		}},
+		{"binary backward gradient shapes", func(m *mk) error {
+			return m.bc().BinaryBackward(m.f(2, 3), m.f(4), m.f(2, 3), nil, nil, runtime.BinaryAdd)
+		}},
+		{"binary backward nil gradient", func(m *mk) error {
+			return m.bc().BinaryBackward(m.f(2, 3), nil, m.f(2, 3), nil, nil, runtime.BinarySub)
+		}},
 	}
 	// Calls the CPU backend panics on rather than refusing (runtime's
 	// planes() slices shape[2:] of a 1-d shape): not run there.
@@ -301,26 +431,101 @@ func TestOpErrors(t *testing.T) {
 	}
 }
 
-// TestActivationsWithoutKernel: the activations the kernels do not compute
-// (the kernels' switch would pass them through as identity) are refused
-// before any launch, forward and backward.
-func TestActivationsWithoutKernel(t *testing.T) {
-	for _, k := range []runtime.ActKind{runtime.ActHardtanh, runtime.ActSigmoid, runtime.ActSiLU,
-		runtime.ActHardsigmoid, runtime.ActHardswish, runtime.ActGELU} {
-		act := runtime.Act{Kind: k, Param: 0, Param2: 6}
-		t.Run(act.String(), func(t *testing.T) {
+// TestCUDARefuses: what the CUDA backend refuses and the CPU backend runs,
+// before any launch: an activation kind the kernels do not know (the CPU
+// backend copies it), a smooth activation inside a batch norm (bn_apply
+// computes InPlace-ABN's alone; the runtime puts them after an identity
+// one), and broadcasts that alternate along more than four dimensions.
+func TestCUDARefuses(t *testing.T) {
+	cases := []struct {
+		name string
+		run  func(m *mk) error
+	}{
+		{"unknown activation", func(m *mk) error { return m.b.Activation(m.f(8), m.f(8), runtime.Act{Kind: runtime.ActGELU + 1}) }},
+		{"unknown activation backward", func(m *mk) error {
+			return m.b.ActivationBackward(m.f(8), m.f(8), m.f(8), runtime.Act{Kind: runtime.ActGELU + 1}, false)
+		}},
+		{"normalize with silu", func(m *mk) error {
+			return m.b.Normalize(m.f(2, 6, 4, 4), m.f(2, 6, 4, 4), nil, m.f(6), m.pos(6), m.f(6), m.f(6), runtime.NormParams{Eps: 1e-5, Act: silu})
+		}},
+		{"inplace abn backward through hardsigmoid", func(m *mk) error {
+			return m.b.NormalizeBackwardFromOutput(m.f(2, 6, 4, 4), nil, nil, m.f(2, 6, 4, 4), m.f(2, 6, 4, 4), nil, m.pos(6), nil, nil,
+				runtime.NormParams{Eps: 1e-5, Act: hardsigmoid}, true)
+		}},
+		{"five alternating dimensions", func(m *mk) error {
+			return m.bc().Binary(m.f(2, 3, 2, 3, 2), m.f(2, 1, 2, 1, 2), m.f(1, 3, 1, 3, 1), runtime.BinaryMul)
+		}},
+		{"five alternating dimensions, backward", func(m *mk) error {
+			return m.bc().BinaryBackward(m.f(2, 1, 2, 1, 2), m.f(1, 3, 1, 3, 1), m.f(2, 3, 2, 3, 2), nil, nil, runtime.BinaryAdd)
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if err := c.run(newMk(t, runtime.NewCPU(1))); err != nil {
+				t.Fatalf("the CPU backend refuses it too (%v): move the case to TestOpErrors", err)
+			}
 			b, dev := newFakeBackend(t)
 			m := newMk(t, b)
 			dev.reset()
-			if err := m.b.Activation(m.f(8), m.f(8), act); err == nil {
-				t.Error("forward accepted")
-			}
-			if err := m.b.ActivationBackward(m.f(8), m.f(8), m.f(8), act, false); err == nil {
-				t.Error("backward accepted")
+			if err := c.run(m); err == nil {
+				t.Fatal("accepted")
 			}
 			if n := len(dev.names()); n > 0 {
 				t.Errorf("launched %v", dev.names())
 			}
 		})
+	}
+}
+
+// TestCollapse: the broadcasts reduced to their fewest dimensions, with the
+// strides of the result and both operands.
+func TestCollapse(t *testing.T) {
+	cases := []struct {
+		out, a, b []int
+		want      []bdim
+	}{
+		{[]int{2, 8, 4, 4}, []int{2, 8, 4, 4}, []int{2, 8, 1, 1}, []bdim{{16, 16, 16, 1}, {16, 1, 1, 0}}},
+		{[]int{2, 3, 4, 5}, []int{2, 3, 4, 5}, []int{2, 3, 4, 5}, []bdim{{120, 1, 1, 1}}},
+		{[]int{2, 3, 4, 5}, []int{2, 3, 4, 5}, []int{3, 1, 1}, []bdim{{2, 60, 60, 0}, {3, 20, 20, 1}, {20, 1, 1, 0}}},
+		{[]int{2, 3, 4, 5}, []int{2, 1, 4, 1}, []int{1, 3, 1, 5}, []bdim{{2, 60, 4, 0}, {3, 20, 0, 5}, {4, 5, 1, 0}, {5, 1, 0, 1}}},
+		{[]int{4, 1}, []int{4, 1}, []int{}, []bdim{{4, 1, 1, 0}}},
+		{[]int{1, 6, 1}, []int{1, 6, 1}, []int{6, 1}, []bdim{{6, 1, 1, 1}}},
+		{[]int{}, []int{}, []int{}, nil},
+	}
+	for _, c := range cases {
+		if got := collapse(c.out, c.a, c.b); !reflect.DeepEqual(got, c.want) {
+			t.Errorf("%v = %v op %v: %v, want %v", c.out, c.a, c.b, got, c.want)
+		}
+	}
+}
+
+// TestKernelConstants: the activation kinds and binary ops of
+// kernels/common.cuh are runtime's.
+func TestKernelConstants(t *testing.T) {
+	src, err := os.ReadFile(filepath.Join("kernels", "common.cuh"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]int{
+		"ACT_IDENTITY": int(runtime.ActIdentity), "ACT_RELU": int(runtime.ActReLU), "ACT_LEAKY": int(runtime.ActLeakyReLU),
+		"ACT_ELU": int(runtime.ActELU), "ACT_HARDTANH": int(runtime.ActHardtanh), "ACT_SIGMOID": int(runtime.ActSigmoid),
+		"ACT_SILU": int(runtime.ActSiLU), "ACT_HARDSIGMOID": int(runtime.ActHardsigmoid), "ACT_HARDSWISH": int(runtime.ActHardswish),
+		"ACT_GELU": int(runtime.ActGELU), "BIN_ADD": int(runtime.BinaryAdd), "BIN_SUB": int(runtime.BinarySub),
+		"BIN_MUL": int(runtime.BinaryMul), "BIN_DIV": int(runtime.BinaryDiv),
+	}
+	for _, m := range regexp.MustCompile(`(?m)^#define ((?:ACT|BIN)_\w+) (\d+)$`).FindAllStringSubmatch(string(src), -1) {
+		v, _ := strconv.Atoi(m[2])
+		w, ok := want[m[1]]
+		if !ok {
+			t.Errorf("common.cuh defines %s, which this test does not know", m[1])
+			continue
+		}
+		if v != w {
+			t.Errorf("%s is %d in common.cuh, %d in runtime", m[1], v, w)
+		}
+		delete(want, m[1])
+	}
+	for k := range want {
+		t.Errorf("common.cuh does not define %s", k)
 	}
 }

@@ -25,6 +25,19 @@ typedef unsigned long long u64;
 #define ACT_RELU 1
 #define ACT_LEAKY 2
 #define ACT_ELU 3
+// The activations InPlace-ABN cannot invert: elementwise kernels only.
+#define ACT_HARDTANH 4
+#define ACT_SIGMOID 5
+#define ACT_SILU 6
+#define ACT_HARDSIGMOID 7
+#define ACT_HARDSWISH 8
+#define ACT_GELU 9
+
+// Binary ops; the values are runtime.BinaryOp's.
+#define BIN_ADD 0
+#define BIN_SUB 1
+#define BIN_MUL 2
+#define BIN_DIV 3
 
 // Threads per block of every kernel but the GEMM: a multiple of the warp.
 #define BLOCK 256
