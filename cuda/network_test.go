@@ -12,6 +12,7 @@ import (
 
 	"github.com/abnconvert/abnconvert/arch"
 	"github.com/abnconvert/abnconvert/graph"
+	"github.com/abnconvert/abnconvert/onnx"
 	"github.com/abnconvert/abnconvert/pth"
 	"github.com/abnconvert/abnconvert/rewrite"
 	"github.com/abnconvert/abnconvert/runtime"
@@ -44,7 +45,7 @@ func TestMain(m *testing.M) {
 type fixtureNet struct {
 	name string
 	g    *graph.Graph
-	w    *graph.MemWeights
+	w    graph.Weights
 }
 
 func loadWeights(t testing.TB, path string) *graph.MemWeights {
@@ -67,7 +68,9 @@ func loadWeights(t testing.TB, path string) *graph.MemWeights {
 }
 
 // fixtureNets returns the original and converted network of every
-// fixtures/testdata/tiny_*.pth.
+// fixtures/testdata/tiny_*.pth, and of act_net (fixtures/acts.py: ReLU6,
+// SiLU, a squeeze-and-excitation gate with Sigmoid and a broadcasting Mul,
+// Hardswish, GELU, Hardsigmoid, a mean head) from its opset-13 export.
 func fixtureNets(t testing.TB) []fixtureNet {
 	t.Helper()
 	files, err := filepath.Glob(filepath.Join("..", "fixtures", "testdata", "tiny_*.pth"))
@@ -92,6 +95,21 @@ func fixtureNets(t testing.TB) []fixtureNet {
 			t.Fatalf("%s: %v", f, err)
 		}
 		out = append(out, fixtureNet{name: name + " converted", g: cg, w: cw})
+	}
+	act := filepath.Join("..", "fixtures", "testdata", "acts", "act_net_op13.onnx")
+	for _, converted := range []bool{false, true} {
+		m, err := onnx.Read(act)
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := "act_net"
+		if converted {
+			name += " converted"
+			if _, err := rewrite.Run(m.Graph, m.Weights, rewrite.Options{ReLU: rewrite.ReLULeaky, Slope: 0.01}); err != nil {
+				t.Fatalf("%s: %v", act, err)
+			}
+		}
+		out = append(out, fixtureNet{name: name, g: m.Graph, w: m.Weights})
 	}
 	return out
 }
