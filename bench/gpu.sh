@@ -22,7 +22,9 @@
 #     converted, eval and one training step) on the GPU against the CPU
 #     backend (eval within 1e-4 relative), and the allocator against the
 #     driver's free-memory figure;
-#  3. abnconvert verify --device cuda (and --device cpu) on each fixture;
+#  3. abnconvert verify --device cuda (and --device cpu) on each fixture,
+#     and on act_net (ReLU6, SiLU, SE gate, Hardswish, GELU, Hardsigmoid)
+#     converted with --relu abn from its ONNX export;
 #  4. InPlace-ABN forward and backward throughput against the device's copy
 #     bandwidth and against PyTorch's batch norm + leaky ReLU, same tensors;
 #  5. resnet50 and densenet121 (torchvision, random weights): one training
@@ -123,18 +125,22 @@ grep -E '^\s+compare_test.go:[0-9]+: .{45} [0-9.e+-]+$' "$WORK/tests.txt" | sed 
 
 log "3. abnconvert verify --device cuda / cpu on the fixtures"
 : >"$WORK/verify.txt"
-for f in fixtures/testdata/tiny_*.pth; do
-	n=$(basename "$f" .pth)
-	run "$BIN" convert -i "$f" -o "$WORK/$n.abn.pth" --force --quiet || {
+# verify_row NAME INPUT [CONVERT ARGS...]: convert INPUT (with the extra
+# arguments, which verify takes too), verify on both devices, one table row.
+verify_row() {
+	local n=$1 f=$2 out_pth
+	shift 2
+	out_pth=$WORK/$(echo "$n" | tr -c 'A-Za-z0-9_.-' '_').abn.pth
+	run "$BIN" convert -i "$f" -o "$out_pth" "$@" --force --quiet || {
 		echo "| $n | convert failed | |" >>"$WORK/verify.txt"
 		fail "convert $n failed"
-		continue
+		return
 	}
-	line="| $n |"
+	local line="| $n |" dev out rc eval_rel verdict
 	for dev in cuda cpu; do
-		out=$("$BIN" verify --original "$f" --converted "$WORK/$n.abn.pth" --device $dev --quiet 2>&1)
+		out=$("$BIN" verify --original "$f" --converted "$out_pth" "$@" --device $dev --quiet 2>&1)
 		rc=$?
-		echo "\$ verify $n --device $dev (exit $rc)" >>"$LOG"
+		echo "\$ verify $n $* --device $dev (exit $rc)" >>"$LOG"
 		echo "$out" >>"$LOG"
 		eval_rel=$(echo "$out" | sed -n 's/.*eval output *rel \([0-9.e+-]*\).*/\1/p' | head -1)
 		case $rc in
@@ -149,6 +155,16 @@ for f in fixtures/testdata/tiny_*.pth; do
 		line="$line $verdict (eval output rel ${eval_rel:-n/a}) |"
 	done
 	echo "$line" >>"$WORK/verify.txt"
+}
+for f in fixtures/testdata/tiny_*.pth; do
+	verify_row "$(basename "$f" .pth)" "$f"
+done
+# The activations InPlace-ABN cannot invert and the squeeze-and-excitation
+# gate (fixtures/acts.py), structure from the PRESERVE export; from opset 14
+# Hardswish is one node.
+for op in 13 17; do
+	verify_row "act_net (opset $op, --relu abn)" fixtures/testdata/acts/act_net.pth \
+		--graph "fixtures/testdata/acts/act_net_op$op.onnx" --relu abn
 done
 
 log "4. InPlace-ABN throughput"
