@@ -307,6 +307,17 @@ var opCases = []opCase{
 		return m.b.NormalizeBackwardFromOutput(m.f(3, 6, 3, 3), m.f(6), m.f(6), m.f(3, 6, 3, 3), m.f(3, 6, 3, 3), nil, m.pos(6), m.f(6), nil,
 			runtime.NormParams{Eps: 1e-5, AbsWeight: true, Act: elu}, false)
 	}, "bn_bwd_reduce bn_bwd_final bn_bwd_apply"},
+	// BatchNorm1d's (N, C): planes of one value.
+	{"batch stats (N, C)", func(m *mk) error { return m.b.BatchStats(m.f(6), m.f(6), m.f(5, 6), nil) }, "bn_stats bn_stats_final"},
+	{"normalize (N, C)", func(m *mk) error {
+		return m.b.Normalize(m.f(5, 6), m.f(5, 6), nil, m.f(6), m.pos(6), m.f(6), m.f(6), nPlain)
+	}, "bn_coeffs bn_apply"},
+	{"normalize backward (N, C), training", func(m *mk) error {
+		return m.b.NormalizeBackward(m.f(5, 6), m.f(6), m.f(6), m.f(5, 6), m.f(5, 6), nil, m.f(6), m.pos(6), m.f(6), nPlain, true)
+	}, "bn_bwd_reduce bn_bwd_final bn_bwd_apply"},
+	{"inplace abn backward (N, C)", func(m *mk) error {
+		return m.b.NormalizeBackwardFromOutput(m.f(5, 6), m.f(6), m.f(6), m.f(5, 6), m.f(5, 6), m.sign(6), m.pos(6), m.f(6), m.f(6), nLeaky, true)
+	}, "bn_bwd_reduce bn_bwd_final bn_bwd_apply"},
 	{"max pool", func(m *mk) error { return m.b.MaxPool(m.f(2, 3, 4, 5), m.i(2, 3, 4, 5), m.f(2, 3, 7, 9), pool3) }, "maxpool"},
 	{"max pool without indices", func(m *mk) error { return m.b.MaxPool(m.f(2, 3, 4, 5), nil, m.f(2, 3, 7, 9), pool3) }, "maxpool"},
 	{"max pool backward", func(m *mk) error {
