@@ -19,6 +19,7 @@
 #include "kernels/conv.cu"
 #include "kernels/elementwise.cu"
 #include "kernels/gemm.cu"
+#include "kernels/layout.cu"
 #include "kernels/norm.cu"
 #include "kernels/pool.cu"
 
@@ -248,7 +249,8 @@ const Entry registry[] = {
 	REG_SYNC(bn_stats), REG(bn_stats_final), REG(bn_update_running), REG(bn_coeffs), REG(bn_apply),
 	REG_SYNC(bn_bwd_reduce), REG(bn_bwd_final), REG(bn_bwd_apply), REG(im2col), REG(col2im), REG(bias_add),
 	REG_SYNC(chan_sum), REG(batch_sum), REG_SYNC(sgemm), REG(maxpool), REG(maxpool_bwd), REG(avgpool), REG(avgpool_bwd), REG(adaptive_pool),
-	REG(adaptive_pool_bwd), REG(bc_binary), REG(bc_binary_bwd), REG_SYNC(bc_binary_sum),
+	REG(adaptive_pool_bwd), REG(bc_binary), REG(bc_binary_bwd), REG_SYNC(bc_binary_sum), REG(lay_copy),
+	REG(lay_resize), REG(lay_resize_bwd),
 };
 const int nregistry = sizeof registry / sizeof registry[0];
 

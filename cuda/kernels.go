@@ -49,6 +49,9 @@ const (
 	kBinary
 	kBinaryBwd
 	kBinarySum
+	kLayCopy
+	kResize
+	kResizeBwd
 	numKernels
 )
 
@@ -93,6 +96,9 @@ var kernelSpecs = [numKernels]kernelSpec{
 	kBinary:          {"bc_binary", "broadcast", "pppli" + bgeoParams},
 	kBinaryBwd:       {"bc_binary_bwd", "broadcast", "pppppli" + bgeoParams},
 	kBinarySum:       {"bc_binary_sum", "broadcast", "ppppllii" + bgeoParams},
+	kLayCopy:         {"lay_copy", "layout", "ppli" + bgeoParams},
+	kResize:          {"lay_resize", "layout", "ppliiiiiiiiii"},
+	kResizeBwd:       {"lay_resize_bwd", "layout", "ppliiiiiiiiii"},
 }
 
 func (k kernelID) String() string {

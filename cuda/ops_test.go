@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -212,7 +213,96 @@ func broadcastCases() []opCase {
 	return out
 }
 
-func init() { opCases = append(append(opCases, smoothCases()...), broadcastCases()...) }
+// layoutOps is runtime.Layout's method set (the interface of the zoo-shape
+// branch): the CUDA backend has it; the layout cases skip where the CPU
+// backend has not (yet).
+type layoutOps interface {
+	Permute(dst, src runtime.Tensor, perm []int) error
+	Fill(dst runtime.Tensor, v float32) error
+	CopyBox(dst, src runtime.Tensor, dstOff, srcOff, size []int, add bool) error
+	Resize(dst, src runtime.Tensor, bilinear, alignCorners bool) error
+	ResizeBackward(dx, dy runtime.Tensor, bilinear, alignCorners bool) error
+}
+
+var errNoLayout = errors.New("backend without the layout ops")
+
+// lay is the backend's layout ops, checked before a case allocates, so that
+// both backends make the same tensors.
+func (m *mk) lay() (layoutOps, error) {
+	l, ok := m.b.(layoutOps)
+	if !ok {
+		return nil, fmt.Errorf("%s: %w", m.b.Name(), errNoLayout)
+	}
+	return l, nil
+}
+
+// layoutCases: Transpose (channel shuffle, NCHW to NHWC, a matrix), the
+// boxes of Slice, Pad (its fill is a memset, no kernel), Concat along any
+// axis and their accumulating backward, and Resize, nearest and bilinear
+// with and without align_corners, up, down and by ratios that are not
+// integers, forward and backward.
+func layoutCases() []opCase {
+	l := func(f func(l layoutOps, m *mk) error) func(m *mk) error {
+		return func(m *mk) error {
+			lo, err := m.lay()
+			if err != nil {
+				return err
+			}
+			return f(lo, m)
+		}
+	}
+	out := []opCase{
+		{"fill", l(func(lo layoutOps, m *mk) error { return lo.Fill(m.f(3, 5), 1.5) }), ""},
+		{"permute, channel shuffle", l(func(lo layoutOps, m *mk) error {
+			return lo.Permute(m.f(2, 4, 2, 3, 3), m.f(2, 2, 4, 3, 3), []int{0, 2, 1, 3, 4})
+		}), "lay_copy"},
+		{"permute NCHW to NHWC", l(func(lo layoutOps, m *mk) error {
+			return lo.Permute(m.f(2, 3, 4, 5), m.f(2, 5, 3, 4), []int{0, 2, 3, 1})
+		}), "lay_copy"},
+		{"permute a matrix", l(func(lo layoutOps, m *mk) error { return lo.Permute(m.f(7, 3), m.f(3, 7), []int{1, 0}) }), "lay_copy"},
+		{"copy box, slice of channels", l(func(lo layoutOps, m *mk) error {
+			return lo.CopyBox(m.f(2, 3, 4, 5), m.f(2, 8, 4, 5), []int{0, 0, 0, 0}, []int{0, 2, 0, 0}, []int{2, 3, 4, 5}, false)
+		}), "lay_copy"},
+		{"copy box, padded", l(func(lo layoutOps, m *mk) error {
+			return lo.CopyBox(m.f(2, 3, 7, 8), m.f(2, 3, 4, 5), []int{0, 0, 1, 2}, []int{0, 0, 0, 0}, []int{2, 3, 4, 5}, false)
+		}), "lay_copy"},
+		{"copy box, accumulated", l(func(lo layoutOps, m *mk) error {
+			return lo.CopyBox(m.f(2, 3, 4, 5), m.f(2, 3, 7, 8), []int{0, 0, 0, 0}, []int{0, 0, 1, 2}, []int{2, 3, 4, 5}, true)
+		}), "lay_copy"},
+		{"copy box, concat along rows, rank 3", l(func(lo layoutOps, m *mk) error {
+			return lo.CopyBox(m.f(3, 9, 4), m.f(3, 2, 4), []int{0, 5, 0}, []int{0, 0, 0}, []int{3, 2, 4}, false)
+		}), "lay_copy"},
+		{"copy box, empty", l(func(lo layoutOps, m *mk) error {
+			return lo.CopyBox(m.f(3, 9, 4), m.f(3, 2, 4), []int{0, 5, 0}, []int{0, 0, 0}, []int{3, 0, 4}, false)
+		}), ""},
+	}
+	for _, c := range []struct {
+		name     string
+		x, y     []int
+		bilinear bool
+		align    bool
+	}{
+		{"nearest up", []int{2, 3, 4, 5}, []int{2, 3, 8, 10}, false, false},
+		{"nearest down", []int{2, 3, 7, 5}, []int{2, 3, 3, 2}, false, false},
+		{"bilinear up", []int{2, 3, 3, 4}, []int{2, 3, 7, 9}, true, false},
+		{"bilinear up, align corners", []int{2, 3, 3, 4}, []int{2, 3, 7, 9}, true, true},
+		{"bilinear down", []int{2, 3, 9, 7}, []int{2, 3, 4, 3}, true, false},
+		{"bilinear to 1x1, align corners", []int{2, 3, 3, 4}, []int{2, 3, 1, 1}, true, true},
+	} {
+		out = append(out,
+			opCase{"resize " + c.name, l(func(lo layoutOps, m *mk) error {
+				return lo.Resize(m.f(c.y...), m.f(c.x...), c.bilinear, c.align)
+			}), "lay_resize"},
+			opCase{"resize " + c.name + " backward", l(func(lo layoutOps, m *mk) error {
+				return lo.ResizeBackward(m.f(c.x...), m.f(c.y...), c.bilinear, c.align)
+			}), "lay_resize_bwd"})
+	}
+	return out
+}
+
+func init() {
+	opCases = append(append(append(opCases, smoothCases()...), broadcastCases()...), layoutCases()...)
+}
 
 // opCase is one backend call. ops lists the kernels the CUDA backend
 // launches for it, in order.
