@@ -287,7 +287,7 @@ func layoutCases() []opCase {
 		{"bilinear up", []int{2, 3, 3, 4}, []int{2, 3, 7, 9}, true, false},
 		{"bilinear up, align corners", []int{2, 3, 3, 4}, []int{2, 3, 7, 9}, true, true},
 		{"bilinear down", []int{2, 3, 9, 7}, []int{2, 3, 4, 3}, true, false},
-		{"bilinear to 1x1, align corners", []int{2, 3, 3, 4}, []int{2, 3, 1, 1}, true, true},
+		{"bilinear 1x1, align corners", []int{2, 3, 3, 4}, []int{2, 3, 1, 1}, true, true},
 	} {
 		out = append(out,
 			opCase{"resize " + c.name, l(func(lo layoutOps, m *mk) error {
