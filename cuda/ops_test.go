@@ -630,3 +630,51 @@ func TestKernelConstants(t *testing.T) {
 		t.Errorf("common.cuh does not define %s", k)
 	}
 }
+
+// TestLayoutErrors: layout calls the CUDA backend refuses before any
+// launch, and the CPU backend too where it has the layout ops.
+func TestLayoutErrors(t *testing.T) {
+	// The CPU backend of zoo-shape (153c93d) panics on a perm that repeats a
+	// dimension (its executor checks perms first): not run there.
+	cpuPanics := map[string]bool{"permute, not a permutation": true}
+	cases := []struct {
+		name string
+		run  func(lo layoutOps, m *mk) error
+	}{
+		{"permute, not a permutation", func(lo layoutOps, m *mk) error { return lo.Permute(m.f(3, 3), m.f(3, 3), []int{0, 0}) }},
+		{"permute, wrong output shape", func(lo layoutOps, m *mk) error { return lo.Permute(m.f(3, 7), m.f(3, 7), []int{1, 0}) }},
+		{"copy box out of bounds", func(lo layoutOps, m *mk) error {
+			return lo.CopyBox(m.f(2, 3), m.f(2, 5), []int{0, 1}, []int{0, 0}, []int{2, 3}, false)
+		}},
+		{"copy box ranks", func(lo layoutOps, m *mk) error {
+			return lo.CopyBox(m.f(2, 3), m.f(2, 3), []int{0}, []int{0, 0}, []int{2, 3}, false)
+		}},
+		{"resize of 3-d tensors", func(lo layoutOps, m *mk) error { return lo.Resize(m.f(2, 3, 8), m.f(2, 3, 4), true, false) }},
+		{"resize across channels", func(lo layoutOps, m *mk) error {
+			return lo.ResizeBackward(m.f(2, 3, 4, 4), m.f(2, 4, 8, 8), false, false)
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			cm := newMk(t, runtime.NewCPU(1))
+			if lo, err := cm.lay(); err == nil && !cpuPanics[c.name] {
+				if c.run(lo, cm) == nil {
+					t.Fatal("the CPU backend accepts it: fix the case")
+				}
+			}
+			b, dev := newFakeBackend(t)
+			m := newMk(t, b)
+			lo, err := m.lay()
+			if err != nil {
+				t.Fatal(err)
+			}
+			dev.reset()
+			if err := c.run(lo, m); err == nil {
+				t.Fatal("accepted")
+			}
+			if n := len(dev.names()); n > 0 {
+				t.Errorf("launched %v", dev.names())
+			}
+		})
+	}
+}
