@@ -7,11 +7,13 @@ import (
 	"github.com/abnconvert/abnconvert/runtime"
 )
 
-// The layout ops, kernels/layout.cu: the method set of runtime.Layout
-// (Permute, Fill, CopyBox, Resize, ResizeBackward), with which the executor
+// The layout ops, kernels/layout.cu: runtime.Layout (Permute, Fill, CopyBox,
+// Resize, ResizeBackward), with which the executor
 // runs Transpose, Pad, Slice, Concat along any axis and Resize. Permute and
 // CopyBox are one strided copy, collapsed like a broadcast to at most four
 // dimensions.
+
+var _ runtime.Layout = (*Backend)(nil)
 
 // rowMajor are the element strides of a row-major shape.
 func rowMajor(shape []int) []int64 {

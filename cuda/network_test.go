@@ -111,6 +111,24 @@ func fixtureNets(t testing.TB) []fixtureNet {
 		}
 		out = append(out, fixtureNet{name: name, g: m.Graph, w: m.Weights})
 	}
+	// The layout networks (fixtures/shape_nets.py: channel shuffle, an
+	// inception block with a non-zero Pad and ceil_mode, a Linear+BatchNorm1d
+	// head, a segmentation head resized to the input), their shape
+	// subgraphs and layout ops lowered as --graph lowers them.
+	for _, name := range []string{"shuffle", "inception", "head", "seg"} {
+		path := filepath.Join("..", "fixtures", "testdata", "shape", name+"_op13.onnx")
+		m, err := onnx.Read(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := m.LowerLayout(); err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		if o := m.Opaque(); len(o) != 0 {
+			t.Fatalf("%s: opaque after lowering: %v", path, o)
+		}
+		out = append(out, fixtureNet{name: name, g: m.Graph, w: m.Weights})
+	}
 	return out
 }
 

@@ -213,16 +213,9 @@ func broadcastCases() []opCase {
 	return out
 }
 
-// layoutOps is runtime.Layout's method set (the interface of the zoo-shape
-// branch): the CUDA backend has it; the layout cases skip where the CPU
-// backend has not (yet).
-type layoutOps interface {
-	Permute(dst, src runtime.Tensor, perm []int) error
-	Fill(dst runtime.Tensor, v float32) error
-	CopyBox(dst, src runtime.Tensor, dstOff, srcOff, size []int, add bool) error
-	Resize(dst, src runtime.Tensor, bilinear, alignCorners bool) error
-	ResizeBackward(dx, dy runtime.Tensor, bilinear, alignCorners bool) error
-}
+// layoutOps are the optional layout ops, which the CPU and CUDA backends
+// have; a case on a backend without them skips.
+type layoutOps = runtime.Layout
 
 var errNoLayout = errors.New("backend without the layout ops")
 
@@ -634,8 +627,9 @@ func TestKernelConstants(t *testing.T) {
 // TestLayoutErrors: layout calls the CUDA backend refuses before any
 // launch, and the CPU backend too where it has the layout ops.
 func TestLayoutErrors(t *testing.T) {
-	// The CPU backend of zoo-shape (153c93d) panics on a perm that repeats a
-	// dimension (its executor checks perms first): not run there.
+	// The CPU backend panics on a perm that repeats a dimension
+	// (runtime/cpu_layout.go; its executor checks perms first): not run
+	// there.
 	cpuPanics := map[string]bool{"permute, not a permutation": true}
 	cases := []struct {
 		name string
