@@ -23,8 +23,9 @@
 #     backend (eval within 1e-4 relative), and the allocator against the
 #     driver's free-memory figure;
 #  3. abnconvert verify --device cuda (and --device cpu) on each fixture,
-#     and on act_net (ReLU6, SiLU, SE gate, Hardswish, GELU, Hardsigmoid)
-#     converted with --relu abn from its ONNX export;
+#     on act_net (ReLU6, SiLU, SE gate, Hardswish, GELU, Hardsigmoid) and
+#     the layout networks (shuffle, inception, head, seg), converted with
+#     --relu abn, structure from their ONNX exports;
 #  4. InPlace-ABN forward and backward throughput against the device's copy
 #     bandwidth and against PyTorch's batch norm + leaky ReLU, same tensors;
 #  5. resnet50 and densenet121 (torchvision, random weights): one training
@@ -165,6 +166,12 @@ done
 for op in 13 17; do
 	verify_row "act_net (opset $op, --relu abn)" fixtures/testdata/acts/act_net.pth \
 		--graph "fixtures/testdata/acts/act_net_op$op.onnx" --relu abn
+done
+# The layout ops (fixtures/shape_nets.py: channel shuffle, inception block
+# with Pad and ceil_mode, Linear+BatchNorm1d head, segmentation Resize).
+for n in shuffle inception head seg; do
+	verify_row "$n (opset 13, --relu abn)" "fixtures/testdata/shape/$n.pth" \
+		--graph "fixtures/testdata/shape/${n}_op13.onnx" --relu abn
 done
 
 log "4. InPlace-ABN throughput"
