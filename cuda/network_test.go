@@ -117,17 +117,26 @@ func fixtureNets(t testing.TB) []fixtureNet {
 	// subgraphs and layout ops lowered as --graph lowers them.
 	for _, name := range []string{"shuffle", "inception", "head", "seg"} {
 		path := filepath.Join("..", "fixtures", "testdata", "shape", name+"_op13.onnx")
-		m, err := onnx.Read(path)
-		if err != nil {
-			t.Fatal(err)
+		for _, converted := range []bool{false, true} {
+			m, err := onnx.Read(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := m.LowerLayout(); err != nil {
+				t.Fatalf("%s: %v", path, err)
+			}
+			if o := m.Opaque(); len(o) != 0 {
+				t.Fatalf("%s: opaque after lowering: %v", path, o)
+			}
+			n := fixtureNet{name: name, g: m.Graph, w: m.Weights}
+			if converted {
+				n.name += " converted"
+				if _, err := rewrite.Run(m.Graph, m.Weights, rewrite.Options{ReLU: rewrite.ReLULeaky, Slope: 0.01}); err != nil {
+					t.Fatalf("%s: %v", path, err)
+				}
+			}
+			out = append(out, n)
 		}
-		if _, err := m.LowerLayout(); err != nil {
-			t.Fatalf("%s: %v", path, err)
-		}
-		if o := m.Opaque(); len(o) != 0 {
-			t.Fatalf("%s: opaque after lowering: %v", path, o)
-		}
-		out = append(out, fixtureNet{name: name, g: m.Graph, w: m.Weights})
 	}
 	return out
 }
