@@ -1,5 +1,6 @@
 // Package cuda is the runtime's CUDA backend: it satisfies runtime.Backend
-// with tensors in device memory and kernels written in CUDA C in
+// and the optional runtime.Broadcasting and runtime.Layout with tensors in
+// device memory and kernels written in CUDA C in
 // kernels/*.cu, whose PTX is committed (kernels/*.ptx, made by `make ptx`)
 // and loaded by the driver at start, which compiles it for the GPU at hand.
 // Matrix products use the package's own GEMM kernel, so a binary needs only
