@@ -98,7 +98,7 @@ nm_back=$(echo "$nm" | jget '"runs" if d["backward_runs"] else "fails: " + d["ba
 # Training memory of torchvision's BatchNorm networks (issue 12)
 
 Command: \`BATCH=$BATCH SIZE=$SIZE bash bench/zoo_memory.sh\` (written $(date -u +%Y-%m-%dT%H:%MZ),
-abnconvert $(git describe --always --dirty 2>/dev/null), torch $("$PYTHON" -c 'import torch; print(torch.__version__)')).
+$("$BIN" --version 2>&1 | head -1), torch $("$PYTHON" -c 'import torch; print(torch.__version__)')).
 
 Bytes kept for the backward pass at the end of one training forward (saved-tensor
 hooks' rule: distinct non-parameter storages), batch $BATCH, 3x${SIZE}x${SIZE}, float32.
