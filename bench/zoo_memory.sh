@@ -44,14 +44,14 @@ declare -A NOTE_LEAKY=([deeplabv3_resnet50]="1566.8 -> 1288.0" [fcn_resnet50]="1
 
 mib() { awk -v b="$1" 'BEGIN {printf "%.1f", b / 1048576}'; }
 jget() { "$PYTHON" -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
-first() { grep -v '^memory: ' | grep -m1 . | cut -c1-220 | sed 's/|/\\|/g'; }
+first() { grep -v '^memory: ' | grep -m1 . | sed "s|$WORK/||g; s/, so no module could be emitted and no conversion verified//" | cut -c1-400 | sed 's/|/\\|/g'; }
 
 rows=()
 fails=()
 for m in $MODELS; do
 	echo "== $m" >&2
 	if ! err=$(nice "$PYTHON" bench/zoo_memory.py prepare "$m" "$WORK" 2>&1 >/dev/null); then
-		fails+=("| $m | export | $(echo "$err" | tail -1 | cut -c1-200) |")
+		fails+=("| $m | | export | $(echo "$err" | tail -1 | cut -c1-200) |")
 		continue
 	fi
 	pt=$(nice "$PYTHON" "$TOOL" "$m" --batch "$BATCH" --size "$SIZE" --json | jget 'd["saved_bytes"]')
@@ -59,7 +59,7 @@ for m in $MODELS; do
 	abn=$(nice "$BIN" memory "$WORK/$m.pth" "${g[@]}" --relu abn 2>"$WORK/err")
 	rc=$?
 	if [ $rc -ne 0 ]; then
-		fails+=("| $m | memory --relu abn, exit $rc | $(first <"$WORK/err") |")
+		fails+=("| $m | $(mib "$pt") MiB | memory --relu abn, exit $rc | $(first <"$WORK/err") |")
 		continue
 	fi
 	orig=$(echo "$abn" | jget 'd["original"]["saved_bytes"]')
@@ -120,8 +120,8 @@ EOF
 
 Not measured yet (the first line of why):
 
-| network | step | reason |
-|---|---|---|
+| network | PyTorch | step | reason |
+|---|---|---|---|
 EOF
 		printf '%s\n' "${fails[@]}"
 	fi
