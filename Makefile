@@ -5,7 +5,7 @@ BIN     := bin/abnconvert
 VERSION := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X github.com/abnconvert/abnconvert/command.Version=$(VERSION)
 
-.PHONY: build demo test gotest pytest interop interop-big interop-structure security-torch26 verify-fixtures deps fixtures bench clean cuda cuda-test cuda-emu ptx gpu-bench emudriver gpu-emulated torch26 interop-torch26 onnxruntime
+.PHONY: build demo test gotest pytest interop interop-big interop-structure security-torch26 zoo zoo-all zoo-memory verify-fixtures deps fixtures bench clean cuda cuda-test cuda-emu ptx gpu-bench emudriver gpu-emulated torch26 interop-torch26 onnxruntime
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/abnconvert
@@ -65,6 +65,19 @@ interop-big: build
 # emitted module against the original, in real torch.
 interop-structure: build
 	$(PYTHON) fixtures/structure.py full $(BIN) out/structure
+
+# torchvision's BatchNorm networks (issue 12): the pairs fixtures/zoo.py lists in
+# EXPECTED_NOW, from the PRESERVE export and the whole pickled module, --relu abn
+# and leaky. zoo-all tries every model and says why each fails (not a gate);
+# zoo-memory writes bench/zoo-memory.md.
+zoo: build
+	$(PYTHON) fixtures/zoo.py --bin $(BIN)
+
+zoo-all: build
+	$(PYTHON) fixtures/zoo.py --bin $(BIN) --all
+
+zoo-memory: build
+	bash bench/zoo_memory.sh
 
 # The Debian 13 chroot with torch 2.6, torchvision 0.21, onnx 1.17 and
 # onnxruntime 1.21 (.ci/torch26.sh; built once, about 6 minutes, as root,
