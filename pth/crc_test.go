@@ -22,3 +22,16 @@ func TestCRC32Combine(t *testing.T) {
 		}
 	}
 }
+
+// The cached shift by a whole copy chunk agrees with the general one.
+func TestCRC32CombineChunk(t *testing.T) {
+	a := []byte("the first chunk")
+	b := make([]byte, mapChunk)
+	for i := range b {
+		b[i] = byte(i * 7)
+	}
+	want := crc32.ChecksumIEEE(append(append([]byte{}, a...), b...))
+	if got := crc32Combine(crc32.ChecksumIEEE(a), crc32.ChecksumIEEE(b), mapChunk); got != want {
+		t.Errorf("combined %08x, want %08x", got, want)
+	}
+}

@@ -21,7 +21,7 @@ import (
 func (c *Checkpoint) copyMapped(z *zipWriter, name string, st *Storage, t *Tensor) (err error) {
 	const (
 		window = 8 << 20
-		chunk  = 1 << 20
+		chunk  = mapChunk
 	)
 	var l negate.Layout
 	var chans []int
@@ -111,6 +111,9 @@ func (c *Checkpoint) copyMapped(z *zipWriter, name string, st *Storage, t *Tenso
 	}
 	return z.finish(e, crcOut)
 }
+
+// mapChunk is the unit copyMapped writes and checksums.
+const mapChunk = 1 << 20
 
 // mappable reports whether a record's bytes lie stored in the file (not
 // compressed), to be copied from a map.
