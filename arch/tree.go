@@ -180,12 +180,7 @@ func mnasnetBlock(b *chainBuilder, m *pth.Module, path string) error {
 		return err
 	}
 	if res {
-		if b.cur.Channels != x.Channels {
-			return fmt.Errorf("apply_residual with %d channels in and %d out", x.Channels, b.cur.Channels)
-		}
-		c := b.cur.Channels
-		b.cur = b.g.Add(path+".add", graph.OpAdd, graph.Attr{}, nil, b.cur, x)
-		b.cur.Channels = c
+		return b.residual(path, "apply_residual", x)
 	}
 	return nil
 }
@@ -687,12 +682,7 @@ func invertedResidual(b *chainBuilder, m *pth.Module, path string) error {
 		return err
 	}
 	if res {
-		if b.cur.Channels != x.Channels {
-			return fmt.Errorf("use_res_connect with %d channels in and %d out", x.Channels, b.cur.Channels)
-		}
-		c := b.cur.Channels
-		b.cur = b.g.Add(path+".add", graph.OpAdd, graph.Attr{}, nil, b.cur, x)
-		b.cur.Channels = c
+		return b.residual(path, "use_res_connect", x)
 	}
 	return nil
 }
@@ -756,6 +746,15 @@ func mbConv(b *chainBuilder, m *pth.Module, path string) error {
 	}
 	if err := b.run(m, kids, path, "stochastic_depth"); err != nil {
 		return err
+	}
+	return b.residual(path, "use_res_connect", x)
+}
+
+// residual adds a block's input x to its output, as the block's forward
+// does when its flag (apply_residual, use_res_connect) is set.
+func (b *chainBuilder) residual(path, flag string, x *graph.Value) error {
+	if b.cur.Channels != x.Channels {
+		return fmt.Errorf("%s with %d channels in and %d out", flag, x.Channels, b.cur.Channels)
 	}
 	c := b.cur.Channels
 	b.cur = b.g.Add(path+".add", graph.OpAdd, graph.Attr{}, nil, b.cur, x)
