@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/abnconvert/abnconvert/graph"
+	"github.com/abnconvert/abnconvert/model"
 )
 
 // benchWeights fills a shapes state dict with values: He-uniform convolution
@@ -51,23 +52,52 @@ func envInt(name string, def int) int {
 // BenchmarkResNet50Step times one training step (forward and backward) of
 // torchvision's resnet50 on the CPU backend: batch 8, 3x224x224 (the issue's
 // target), or batch 2, 3x64x64 with -short. RUNTIME_BENCH_BATCH,
-// RUNTIME_BENCH_SIZE and RUNTIME_BENCH_THREADS override. bench/runtime.sh
-// runs it beside PyTorch.
+// RUNTIME_BENCH_SIZE and RUNTIME_BENCH_THREADS override.
 func BenchmarkResNet50Step(b *testing.B) {
 	batch, size := 8, 224
 	if testing.Short() {
 		batch, size = 2, 64
 	}
-	batch, size = envInt("RUNTIME_BENCH_BATCH", batch), envInt("RUNTIME_BENCH_SIZE", size)
-	threads := envInt("RUNTIME_BENCH_THREADS", 0)
-	w := benchWeights(tvModels["resnet50"]())
 	g, _ := recognise(b, "resnet50")
-	// RUNTIME_BENCH_OPS=1 prints where the time of the last step went,
-	// by op and direction.
+	benchStep(b, g, benchWeights(tvModels["resnet50"]()), batch, size)
+}
+
+// BenchmarkModelStep times the same step for the network in the file
+// RUNTIME_BENCH_MODEL names: a whole pickled module, or a state dict with
+// RUNTIME_BENCH_GRAPH (its ONNX export) or of a recognised architecture. It
+// opens the file the way verify and memory do (model.OpenNetwork), so any
+// network abnconvert reads can be timed, and bench/runtime.sh gives
+// PyTorch the very module it saved. Batch 8, 3x224x224 unless the
+// variables above say otherwise; skipped when no file is named.
+func BenchmarkModelStep(b *testing.B) {
+	path := os.Getenv("RUNTIME_BENCH_MODEL")
+	if path == "" {
+		b.Skip("RUNTIME_BENCH_MODEL names no model file (bench/runtime.sh sets it)")
+	}
+	n, err := model.OpenNetwork(path, model.Options{Graph: os.Getenv("RUNTIME_BENCH_GRAPH")})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer n.Close()
+	benchStep(b, n.Graph, n.Weights, 8, 224)
+}
+
+// benchStep times forward+backward in training mode of g over w, batch x
+// 3 x size x size unless RUNTIME_BENCH_BATCH and RUNTIME_BENCH_SIZE say
+// otherwise. RUNTIME_BENCH_OPS=1 prints where the time of the last step
+// went, by op and direction.
+func benchStep(b *testing.B, g *graph.Graph, w graph.Weights, batch, size int) {
+	batch, size = envInt("RUNTIME_BENCH_BATCH", batch), envInt("RUNTIME_BENCH_SIZE", size)
 	byOp := map[string]time.Duration{}
 	var opt Options
 	if os.Getenv("RUNTIME_BENCH_OPS") != "" {
-		opt.Trace = func(phase string, _, _ int, n *graph.Node, d time.Duration) { byOp[phase+" "+string(n.Op)] += d }
+		opt.Trace = func(phase string, _, _ int, n *graph.Node, d time.Duration) {
+			k := phase + " " + string(n.Op)
+			if n.Op == graph.OpConv && n.Attr.Groups > 1 && n.Attr.Groups == n.Attr.InChannels {
+				k += " (depthwise)"
+			}
+			byOp[k] += d
+		}
 		defer func() {
 			keys := make([]string, 0, len(byOp))
 			for k := range byOp {
@@ -79,7 +109,7 @@ func BenchmarkResNet50Step(b *testing.B) {
 			}
 		}()
 	}
-	e, err := New(g, w, NewCPU(threads), opt)
+	e, err := New(g, w, NewCPU(envInt("RUNTIME_BENCH_THREADS", 0)), opt)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -90,9 +120,18 @@ func BenchmarkResNet50Step(b *testing.B) {
 		state = state*1664525 + 1013904223
 		x.Data[i] = float32(state>>8)/(1<<24)*2 - 1
 	}
-	dOut := NewHostTensor(batch, 1000)
+	// The output's shape is the network's (logits, or a segmentation map
+	// at the input's resolution): one untimed step learns it and warms up.
+	y, err := e.Forward(x, true)
+	if err != nil {
+		b.Fatal(err)
+	}
+	dOut := NewHostTensor(y.Shape...)
 	for i := range dOut.Data {
 		dOut.Data[i] = 1e-3
+	}
+	if _, _, err := e.Backward(dOut); err != nil {
+		b.Fatal(err)
 	}
 	b.ReportMetric(float64(batch), "batch")
 	b.ReportMetric(float64(size), "size")
