@@ -5,6 +5,10 @@ import "math"
 // activateSmooth applies the activations InPlace-ABN cannot invert, with
 // PyTorch 1.13's formulas (computed in float64, rounded once).
 func activateSmooth(d, s []float32, act Act) {
+	if act.Kind == ActSiLU {
+		silu(d, s)
+		return
+	}
 	lo, hi := act.Param, act.Param2
 	for k, v := range s {
 		x := float64(v)
@@ -20,8 +24,6 @@ func activateSmooth(d, s []float32, act Act) {
 			}
 		case ActSigmoid:
 			y = sigmoid(x)
-		case ActSiLU:
-			y = x * sigmoid(x)
 		case ActHardsigmoid:
 			y = min(max(act.Param*x+act.Param2, 0), 1)
 			if x != x {
@@ -40,6 +42,10 @@ func activateSmooth(d, s []float32, act Act) {
 // Sigmoid its output (PyTorch keeps the output of sigmoid and the input of
 // the others). The branch conventions at the kinks are PyTorch's.
 func activateSmoothBackward(d, g, s []float32, act Act) {
+	if act.Kind == ActSiLU {
+		siluGrad(d, g, s)
+		return
+	}
 	for k, v := range s {
 		x, dy := float64(v), float64(g[k])
 		var dx float64
@@ -51,9 +57,6 @@ func activateSmoothBackward(d, g, s []float32, act Act) {
 			}
 		case ActSigmoid:
 			dx = dy * x * (1 - x)
-		case ActSiLU:
-			sg := sigmoid(x)
-			dx = dy * sg * (1 + x*(1-sg))
 		case ActHardsigmoid:
 			// hardsigmoid_backward passes alpha strictly inside (torch:
 			// -3 < x < 3 for its alpha 1/6, beta 1/2).
@@ -83,4 +86,22 @@ func sigmoid(x float64) float64 {
 	}
 	e := math.Exp(x)
 	return e / (1 + e)
+}
+
+// siluScalar is silu one element at a time: x·σ(x) in float64, rounded
+// once.
+func siluScalar(d, s []float32) {
+	for k, v := range s {
+		x := float64(v)
+		d[k] = float32(x * sigmoid(x))
+	}
+}
+
+// siluGradScalar is siluGrad one element at a time.
+func siluGradScalar(d, g, s []float32) {
+	for k, v := range s {
+		x := float64(v)
+		sg := sigmoid(x)
+		d[k] = float32(float64(g[k]) * sg * (1 + x*(1-sg)))
+	}
 }

@@ -218,6 +218,10 @@ func (c *cpu) Conv2d(y, x, w, b Tensor, p ConvParams) error {
 	if bd != nil && len(bd) != g.o {
 		return fmt.Errorf("cpu: conv2d bias of %d for %d channels", len(bd), g.o)
 	}
+	if g.isDepthwise() {
+		c.parallel(g.c, len(yd)*g.kh*g.kw, func(lo, hi int) { g.depthwiseForward(yd, xd, wd, bd, lo, hi) })
+		return nil
+	}
 	// The weights are packed once and shared by every image.
 	packs := make([]*packedA, g.g)
 	for grp := range packs {
@@ -282,6 +286,10 @@ func (c *cpu) Conv2dBackward(dx, dw, db, dy, x, w Tensor, p ConvParams) error {
 		})
 	}
 	if dwd == nil && dxd == nil {
+		return nil
+	}
+	if g.isDepthwise() {
+		c.parallel(g.c, len(dyd)*g.kh*g.kw, func(lo, hi int) { g.depthwiseBackward(dxd, dwd, dyd, xd, wd, lo, hi) })
 		return nil
 	}
 	// Each worker sums its images' weight gradients into its own buffer;
