@@ -97,61 +97,118 @@ type hit struct {
 // Negating that channel is only invisible if every reader is a BN site,
 // which takes the sign back through its gamma and running mean; it returns
 // those sites' channels, or why the fold is impossible.
-func foldReach(st *State, p *graph.Node, pc int) ([]hit, string) {
-	type vc struct {
-		v *graph.Value
+func foldReach(st *State, r *reaches, p *graph.Node, pc int) ([]hit, string) {
+	info := r.of(p.Out)
+	if info.why != nil {
+		return nil, info.why(pc)
+	}
+	// A site reached along two paths at the same channel is one hit: its
+	// gamma is negated once.
+	type sc struct {
+		s *site
 		c int
 	}
-	var hits []hit
-	seen := map[vc]bool{}
-	var walk func(v *graph.Value, c int) string
-	walk = func(v *graph.Value, c int) string {
-		if seen[vc{v, c}] {
-			return ""
+	seen := make(map[sc]bool, len(info.hits))
+	hits := make([]hit, 0, len(info.hits))
+	for _, h := range info.hits {
+		if k := (sc{h.s, pc + h.off}); !seen[k] {
+			seen[k] = true
+			hits = append(hits, hit{h.s, k.c})
 		}
-		seen[vc{v, c}] = true
-		if v == st.g.Output {
-			return fmt.Sprintf("channel %d of %s reaches the network output", c, v.Name)
-		}
-		for _, r := range uniqueNodes(v.Consumers) {
-			switch {
-			case st.byNode[r] != nil:
-				hits = append(hits, hit{st.byNode[r], c})
-			case concatAlongChannels(r):
-				off := 0
-				for _, in := range r.Inputs {
-					n := channels(in)
-					if n == 0 {
-						return fmt.Sprintf("the channel count of %s, an input of %s, is unknown", in.Name, r.Name)
-					}
-					if in == v {
-						if why := walk(r.Out, off+c); why != "" {
-							return why
-						}
-					}
-					off += n
-				}
-			case r.Op == graph.OpAvgPool || r.Op == graph.OpAdaptiveAvgPool:
-				if why := walk(r.Out, c); why != "" {
-					return why
-				}
-			default:
-				return fmt.Sprintf("channel %d of %s is also read by %s %s, which would see it negated", c, v.Name, r.Op, r.Name)
-			}
-		}
-		return ""
-	}
-	if why := walk(p.Out, pc); why != "" {
-		return nil, why
 	}
 	return hits, ""
+}
+
+// reaches memoizes, per value, where its channels go: the sites that read
+// channel c at channel c+off, in the order a depth-first walk meets them,
+// or the first reason (in that order) that no channel of it can be
+// negated unseen. Every channel of a value travels the same way, so a
+// DenseNet, where one layer's output reaches every later layer of its
+// block through the concatenations, is walked once per value rather than
+// once per negative channel.
+type reaches struct {
+	st   *State
+	memo map[*graph.Value]*reach
+}
+
+type reach struct {
+	hits []reachHit
+	why  func(c int) string // nil when every reader is a site
+}
+
+type reachHit struct {
+	s   *site
+	off int
+}
+
+func newReaches(st *State) *reaches { return &reaches{st: st, memo: map[*graph.Value]*reach{}} }
+
+func (r *reaches) of(v *graph.Value) *reach {
+	if info, ok := r.memo[v]; ok {
+		return info
+	}
+	info := r.walk(v)
+	r.memo[v] = info
+	return info
+}
+
+func (r *reaches) walk(v *graph.Value) *reach {
+	info := &reach{}
+	fail := func(why func(c int) string) *reach { return &reach{why: why} }
+	if v == r.st.g.Output {
+		return fail(func(c int) string { return fmt.Sprintf("channel %d of %s reaches the network output", c, v.Name) })
+	}
+	// follow adds what the consumer's output reaches, its channels at off
+	// more than v's.
+	follow := func(out *graph.Value, off int) bool {
+		sub := r.of(out)
+		if sub.why != nil {
+			info = fail(func(c int) string { return sub.why(c + off) })
+			return false
+		}
+		for _, h := range sub.hits {
+			info.hits = append(info.hits, reachHit{h.s, h.off + off})
+		}
+		return true
+	}
+	for _, n := range uniqueNodes(v.Consumers) {
+		switch {
+		case r.st.byNode[n] != nil:
+			info.hits = append(info.hits, reachHit{r.st.byNode[n], 0})
+		case concatAlongChannels(n):
+			off := 0
+			for _, in := range n.Inputs {
+				k := channels(in)
+				if k == 0 {
+					in, n := in, n
+					return fail(func(int) string {
+						return fmt.Sprintf("the channel count of %s, an input of %s, is unknown", in.Name, n.Name)
+					})
+				}
+				if in == v && !follow(n.Out, off) {
+					return info
+				}
+				off += k
+			}
+		case n.Op == graph.OpAvgPool || n.Op == graph.OpAdaptiveAvgPool:
+			if !follow(n.Out, 0) {
+				return info
+			}
+		default:
+			n := n
+			return fail(func(c int) string {
+				return fmt.Sprintf("channel %d of %s is also read by %s %s, which would see it negated", c, v.Name, n.Op, n.Name)
+			})
+		}
+	}
+	return info
 }
 
 // foldBlocker is fold-signs' precondition for one producer channel: the
 // producer must own its weights, every reader must be a site, and every
 // in-place reader must have a negative (or zero) gamma there, because after
 // the fold it sees |gamma| and nothing else.
-func foldBlocker(st *State, p *graph.Node, pc int, keyUsers map[string]int) ([]hit, string) {
+func foldBlocker(st *State, r *reaches, p *graph.Node, pc int, keyUsers map[string]int) ([]hit, string) {
 	wkey := p.Params[graph.RoleWeight]
 	if wkey == "" {
 		return nil, fmt.Sprintf("%s %s has no weight parameter", p.Op, p.Name)
@@ -169,7 +226,7 @@ func foldBlocker(st *State, p *graph.Node, pc int, keyUsers map[string]int) ([]h
 			return nil, fmt.Sprintf("%s %s shares parameter %q with another node", p.Op, p.Name, key)
 		}
 	}
-	hits, why := foldReach(st, p, pc)
+	hits, why := foldReach(st, r, p, pc)
 	if why != "" {
 		return nil, why
 	}
@@ -203,6 +260,7 @@ func foldSigns(st *State) error {
 		pc int
 	}
 	blocked := map[src]string{}
+	reach := newReaches(st)
 	for _, s := range st.sites {
 		if !s.inPlace() {
 			continue
@@ -225,7 +283,7 @@ func foldSigns(st *State) error {
 				s.block(c, why)
 				continue
 			}
-			hits, why := foldBlocker(st, p, pc, keyUsers)
+			hits, why := foldBlocker(st, reach, p, pc, keyUsers)
 			if why != "" {
 				blocked[src{p, pc}] = why
 				s.block(c, why)
