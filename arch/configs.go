@@ -248,6 +248,18 @@ func classifierKey(family string) string {
 // legacyDenseKey matches the pre-0.3 torchvision DenseNet spelling
 // (denselayerN.norm.1.weight); torchvision's own loader renames these with the
 // same pattern.
+// modernDenseKey spells a DenseNet key of torchvision's legacy form
+// ("denselayer1.norm.1.weight") the modern way ("denselayer1.norm1.weight")
+// and returns any other key as it is. The regular expression runs only on
+// keys that can be legacy ones: on every key of a densenet201 it took a
+// tenth of a conversion.
+func modernDenseKey(k string) string {
+	if !strings.Contains(k, ".norm.") && !strings.Contains(k, ".relu.") && !strings.Contains(k, ".conv.") {
+		return k
+	}
+	return legacyDenseKey.ReplaceAllString(k, "$1$2")
+}
+
 var legacyDenseKey = regexp.MustCompile(`^(.*denselayer\d+\.(?:norm|relu|conv))\.([12]\.(?:weight|bias|running_mean|running_var|num_batches_tracked))$`)
 
 // view is a state dict seen through a key prefix, with legacy DenseNet names
@@ -269,7 +281,7 @@ func newView(w graph.Weights, keys []string, prefix string) view {
 		if !ok {
 			continue
 		}
-		n := legacyDenseKey.ReplaceAllString(k[len(prefix):], "$1$2")
+		n := modernDenseKey(k[len(prefix):])
 		if _, dup := v.shapes[n]; dup {
 			// Both spellings present: keep the first; the second shows up as
 			// unexpected through orig.
@@ -295,7 +307,12 @@ func (v view) numClasses(family string) int {
 // not have. A missing num_batches_tracked is no disagreement: checkpoints
 // written before PyTorch 0.4.1 lack it, and loading fills it in.
 func diff(w graph.Weights, keys []string, prefix string, c config) []string {
-	v := newView(w, keys, prefix)
+	return diffView(newView(w, keys, prefix), keys, prefix, c, false)
+}
+
+// diffView is diff over a view made once; first stops at the first
+// difference (exactName only asks whether there is one).
+func diffView(v view, keys []string, prefix string, c config, first bool) []string {
 	want := c.tensors(v.numClasses(c.family))
 	expected := map[string]bool{}
 	var out []string
@@ -309,6 +326,9 @@ func diff(w graph.Weights, keys []string, prefix string, c config) []string {
 		case !sameShape(got, t.shape):
 			out = append(out, fmt.Sprintf("%s has shape %v, %s has %v", v.orig[t.key], got, c.name, t.shape))
 		}
+		if first && len(out) > 0 {
+			return out
+		}
 	}
 	var extra []string
 	for _, k := range keys {
@@ -316,9 +336,12 @@ func diff(w graph.Weights, keys []string, prefix string, c config) []string {
 			extra = append(extra, k)
 			continue
 		}
-		n := legacyDenseKey.ReplaceAllString(k[len(prefix):], "$1$2")
+		n := modernDenseKey(k[len(prefix):])
 		if !expected[n] || v.orig[n] != k {
 			extra = append(extra, k)
+			if first {
+				break
+			}
 		}
 	}
 	for _, k := range extra {
@@ -342,8 +365,9 @@ func sameShape(a, b []int) bool {
 // exactName returns the configuration of family whose state dict the weights
 // match exactly (num_classes aside, which is a constructor argument), or "".
 func exactName(w graph.Weights, keys []string, prefix, family string) string {
+	v := newView(w, keys, prefix)
 	for _, c := range configs {
-		if c.family == family && len(diff(w, keys, prefix, c)) == 0 {
+		if c.family == family && len(diffView(v, keys, prefix, c, true)) == 0 {
 			return c.name
 		}
 	}
