@@ -43,9 +43,12 @@ type Options struct {
 
 // Result is what a conversion did; it is also the JSON the CLI prints.
 type Result struct {
-	Input     string          `json:"input"`
-	Output    string          `json:"output"`
-	Module    string          `json:"module,omitempty"`
+	Input  string `json:"input"`
+	Output string `json:"output"`
+	Module string `json:"module,omitempty"`
+	// Data is the ONNX output's own external data file (the changed
+	// tensors of an external-data model), written beside it.
+	Data      string          `json:"data,omitempty"`
 	Format    string          `json:"format"`
 	StatePath []string        `json:"state_path"`
 	Prefix    string          `json:"prefix,omitempty"`
@@ -306,6 +309,9 @@ func (r *Result) WriteTable(w io.Writer) {
 		fmt.Fprintf(w, "warning: %s\n", wn)
 	}
 	fmt.Fprintf(w, "wrote %s", r.Output)
+	if r.Data != "" {
+		fmt.Fprintf(w, " (its external data: %s)", r.Data)
+	}
 	if r.Module != "" {
 		fmt.Fprintf(w, " and %s", r.Module)
 	}

@@ -72,6 +72,11 @@ func runONNX(opt Options, start time.Time) (*Result, error) {
 	if err := m.Stage(set, opt.Output, wo); err != nil {
 		return nil, err
 	}
+	if data := opt.Output + ".data"; set.Staged(data) {
+		// The tensors the conversion changed, of a model whose weights are
+		// external data: they ship with the model.
+		res.Data = data
+	}
 	res.Seconds = time.Since(start).Seconds()
 	if err := stageReport(set, opt, res); err != nil {
 		return nil, err

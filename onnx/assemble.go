@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 
 	"github.com/abnconvert/abnconvert/graph"
 	"github.com/abnconvert/abnconvert/onnx/internal/pb"
@@ -69,10 +70,39 @@ func (w *writer) assemble(outDir string) (*pb.ModelProto, error) {
 	nodes, inits = w.prune(nodes, inits)
 
 	// External data: kept when the output sits next to the input model,
-	// inlined otherwise.
+	// inlined otherwise. A changed external tensor goes to the output's
+	// own data file beside it, or is inlined too when the output is
+	// elsewhere.
 	sameDir := sameDirectory(outDir, w.m.dir)
 	total := 0
+	var dataLen int64
 	for i, t := range inits {
+		if p := w.external[t]; p != nil {
+			length := int64(p.src.td.ext.length)
+			if sameDir {
+				dataLen = (dataLen + 63) &^ 63 // 64-byte aligned, as torch aligns records
+				w.extWrites = append(w.extWrites, extWrite{p: p, offset: dataLen})
+				t.DataLocation = pb.TensorProto_EXTERNAL.Enum()
+				t.RawData = nil
+				t.ExternalData = []*pb.StringStringEntryProto{
+					{Key: strp("location"), Value: strp(w.dataName)},
+					{Key: strp("offset"), Value: strp(strconv.FormatInt(dataLen, 10))},
+					{Key: strp("length"), Value: strp(strconv.FormatInt(length, 10))},
+				}
+				dataLen += length
+				continue
+			}
+			raw, err := p.negatedRaw()
+			if err != nil {
+				return nil, fmt.Errorf("initializer %q: %w", t.GetName(), err)
+			}
+			total += len(raw)
+			if total > maxProto {
+				return nil, fmt.Errorf("%w: inlining external data would pass protobuf's 2 GiB limit; write the output into the model's directory (%s) to keep the data external", ErrUnsupported, w.m.dir)
+			}
+			t.RawData, t.ExternalData, t.DataLocation = raw, nil, nil
+			continue
+		}
 		if t.GetDataLocation() != pb.TensorProto_EXTERNAL {
 			total += len(t.RawData)
 			continue

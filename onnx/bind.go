@@ -34,9 +34,15 @@ func (w *writer) bindParams() error {
 		// raw holds the key's bytes with its sign flips applied when its
 		// only change is a negation (NegateChannels): nothing decoded.
 		raw []byte
+		// external: a negation of a tensor held in external data, whose
+		// bytes are made only when written (w.external).
+		external bool
 	}
 	// newGroup groups a changed key's slots, with its new contents.
 	newGroup := func(p *param, slots []slotRef) (*group, error) {
+		if p.set == nil && len(p.negate) > 0 && p.src.td.ext != nil {
+			return &group{p: p, external: true, slots: slots}, nil
+		}
 		if p.set == nil && p.negate != nil {
 			raw, err := p.negatedRaw()
 			if err != nil {
@@ -133,16 +139,27 @@ func (w *writer) bindParams() error {
 	for _, g := range groups {
 		var enc *pb.TensorProto
 		var err error
-		if g.raw != nil {
+		same := false
+		switch {
+		case g.external:
+			// A sign flip changes the bytes of every element it touches
+			// (zeros become negative zeros): never the same.
+			enc = shallowTensor(g.p.src.td.t)
+			w.external[enc] = g.p
+		case g.raw != nil:
 			enc = rawTensor(g.p.src.td.t, g.raw)
-		} else if enc, err = encodeTensor(g.p.src.td.t, g.data); err != nil {
-			return fmt.Errorf("tensor %q: %w", g.p.key, err)
+		default:
+			if enc, err = encodeTensor(g.p.src.td.t, g.data); err != nil {
+				return fmt.Errorf("tensor %q: %w", g.p.key, err)
+			}
 		}
-		orig, err := rawOf(g.p.src.td)
-		if err != nil {
-			return fmt.Errorf("tensor %q: %w", g.p.key, err)
+		if !g.external {
+			orig, err := rawOf(g.p.src.td)
+			if err != nil {
+				return fmt.Errorf("tensor %q: %w", g.p.key, err)
+			}
+			same = bytes.Equal(orig, rawOfTensor(enc))
 		}
-		same := bytes.Equal(orig, rawOfTensor(enc))
 		bound := true
 		for _, s := range g.slots {
 			if s.input >= 0 && w.m.infos[s.node].proto.Input[s.input] != g.p.value {

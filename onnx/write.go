@@ -122,9 +122,15 @@ func (m *Model) Stage(set *output.Set, path string, opt WriteOptions) (err error
 	if err != nil {
 		return err
 	}
-	out, err := m.output(filepath.Dir(path), opt)
+	dataName := filepath.Base(path) + ".data"
+	out, writes, err := m.output(filepath.Dir(path), dataName, opt)
 	if err != nil {
 		return fmt.Errorf("%s: writing %s: %w", m.Path, path, err)
+	}
+	if len(writes) > 0 {
+		if err := writeExternal(set, filepath.Join(filepath.Dir(path), dataName), writes); err != nil {
+			return err
+		}
 	}
 	b, err := proto.Marshal(out)
 	if err != nil {
@@ -166,10 +172,27 @@ type writer struct {
 	outputs  map[string]bool            // graph output names
 	custom   bool                       // an ai.abnconvert node was written
 	groups   map[string][]string        // recompute group -> ONNX node names
+
+	// external maps a changed initializer whose source is external data
+	// to its parameter: its bytes are made when written. dataName is the
+	// output's own data file (beside it) and extWrites what goes there.
+	external  map[*pb.TensorProto]*param
+	dataName  string
+	extWrites []extWrite
 }
 
-func (m *Model) output(outDir string, opt WriteOptions) (*pb.ModelProto, error) {
+// extWrite is one changed tensor of the output's data file: its bytes (the
+// source's, sign flips applied) at offset.
+type extWrite struct {
+	p      *param
+	offset int64
+}
+
+// output assembles the model to write into outDir; dataName is the file
+// beside it that changed external tensors are written to (w.extWrites).
+func (m *Model) output(outDir, dataName string, opt WriteOptions) (*pb.ModelProto, []extWrite, error) {
 	w := &writer{
+		external: map[*pb.TensorProto]*param{}, dataName: dataName,
 		m: m, opt: opt, g: m.Graph,
 		alive: map[*graph.Node]bool{}, name: map[*graph.Value]string{}, act: map[*graph.Node]*nodeInfo{},
 		fold: map[*graph.Node]*graph.Node{}, taken: map[string]bool{}, repoint: map[slotRef]string{},
@@ -177,19 +200,20 @@ func (m *Model) output(outDir string, opt WriteOptions) (*pb.ModelProto, error) 
 		derived: map[slotRef][]float64{}, outputs: map[string]bool{}, groups: map[string][]string{},
 	}
 	if m.Graph == nil || m.Weights == nil {
-		return nil, fmt.Errorf("model has no graph")
+		return nil, nil, fmt.Errorf("model has no graph")
 	}
 	if err := m.Graph.Validate(); err != nil {
-		return nil, fmt.Errorf("rewritten graph: %w", err)
+		return nil, nil, fmt.Errorf("rewritten graph: %w", err)
 	}
 	w.reserveNames()
 	steps := []func() error{w.check, w.names, w.folds, w.bindParams, w.nodes}
 	for _, step := range steps {
 		if err := step(); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
-	return w.assemble(outDir)
+	mp, err := w.assemble(outDir)
+	return mp, w.extWrites, err
 }
 
 func (w *writer) reserveNames() {
@@ -319,4 +343,34 @@ func inPlaceOp(op graph.Op) bool { return op == graph.OpInPlaceABN || op == grap
 func (w *writer) abnFromBN(n *graph.Node) bool {
 	info := w.m.byIR[n]
 	return info != nil && info.ir == n && info.op == graph.OpBatchNorm && n.Op.IsBNFamily() && n.Op != graph.OpBatchNorm
+}
+
+// writeExternal stages the output's data file: the changed tensors of an
+// external-data model, each made from its source's bytes with the sign
+// flips applied and written at its offset, one tensor in memory at a time.
+// Writing them inline instead would hold them all and, for the models that
+// use external data, pass protobuf's 2 GiB limit.
+func writeExternal(set *output.Set, path string, writes []extWrite) error {
+	f, err := set.Create(path)
+	if err != nil {
+		return err
+	}
+	var at int64
+	for _, wr := range writes {
+		if pad := wr.offset - at; pad > 0 {
+			if _, err := f.Write(make([]byte, pad)); err != nil {
+				return fmt.Errorf("%s: %w", path, err)
+			}
+			at += pad
+		}
+		b, err := wr.p.negatedRaw()
+		if err != nil {
+			return fmt.Errorf("%s: tensor %q: %w", path, wr.p.key, err)
+		}
+		if _, err := f.Write(b); err != nil {
+			return fmt.Errorf("%s: %w", path, err)
+		}
+		at += int64(len(b))
+	}
+	return nil
 }

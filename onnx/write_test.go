@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"io/fs"
 	"math"
 	"os"
 	"path/filepath"
@@ -118,21 +119,58 @@ func TestExternalStaysExternal(t *testing.T) {
 	if !bytes.Equal(a, b) {
 		t.Fatal("same-directory round trip changed the file")
 	}
-	// Converted: changed tensors are inlined, the others stay external.
+	// Converted: the tensors a sign flip changed go to the output's own
+	// data file, the unchanged ones keep pointing at the input's; small
+	// vectors the passes rewrote are inline.
 	convert(t, m)
+	var negated []string
+	for _, k := range m.Weights.Keys() {
+		if p := m.Weights.byKey[k]; p.set == nil && len(p.negate) > 0 && p.src.td.ext != nil {
+			negated = append(negated, k)
+		}
+	}
+	if len(negated) == 0 {
+		t.Fatal("the conversion negated no external tensor: the test proves nothing")
+	}
 	if err := m.Write(out, WriteOptions{Force: true}); err != nil {
 		t.Fatal(err)
 	}
-	ext, inline := 0, 0
+	locs := map[string]int{}
 	for _, init := range loadProto(t, out).Graph.Initializer {
 		if init.GetDataLocation() == pb.TensorProto_EXTERNAL {
-			ext++
-		} else if init.RawData != nil {
-			inline++
+			for _, kv := range init.ExternalData {
+				if kv.GetKey() == "location" {
+					locs[kv.GetValue()]++
+				}
+			}
 		}
 	}
-	if ext == 0 || inline == 0 {
-		t.Fatalf("%d external, %d inline initializers", ext, inline)
+	if locs["out.onnx.data"] != len(negated) || locs["tiny_dense_ext.data"] == 0 {
+		t.Fatalf("external locations %v, want %d in out.onnx.data and the rest in tiny_dense_ext.data", locs, len(negated))
+	}
+	// The negated tensors read back with their signs flipped.
+	back := mustRead(t, out)
+	for _, k := range negated {
+		want, _ := m.Weights.Values(k)
+		got, err := back.Weights.Values(k)
+		if err != nil || !equalFloats(want, got) {
+			t.Fatalf("%s reads back differently: %v", k, err)
+		}
+	}
+	// Written elsewhere, the changed tensors are inline like the others.
+	other := filepath.Join(t.TempDir(), "o.onnx")
+	if err := m.Write(other, WriteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(other + ".data"); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("a data file beside an output written elsewhere: %v", err)
+	}
+	elsewhere := mustRead(t, other)
+	for _, k := range negated {
+		want, _ := m.Weights.Values(k)
+		if got, err := elsewhere.Weights.Values(k); err != nil || !equalFloats(want, got) {
+			t.Fatalf("%s inlined differently: %v", k, err)
+		}
 	}
 	// The data file the model reads is never a target.
 	if err := m.Write(filepath.Join(dir, "tiny_dense_ext.data"), WriteOptions{Force: true}); !errors.Is(err, ErrSameFile) {

@@ -203,6 +203,17 @@ type writerOnly struct{ io.Writer }
 // Name is the destination path.
 func (f *File) Name() string { return f.path }
 
+// Staged reports whether path is one of the set's outputs (a writer may
+// add an output of its own, as the ONNX writer does for external data).
+func (s *Set) Staged(path string) bool {
+	for _, f := range s.files {
+		if f.path == path {
+			return true
+		}
+	}
+	return false
+}
+
 // WriteFile stages an output whose bytes are all at hand (a module, a
 // report, a plot).
 func (s *Set) WriteFile(path string, data []byte) error {
