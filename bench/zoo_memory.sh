@@ -32,14 +32,15 @@ SIZE=${SIZE:-224}
 PYTHON=${PYTHON:-/usr/bin/python3}
 BIN=${BIN:-bin/abnconvert}
 OUT=${OUT:-bench/zoo-memory.md}
-MODELS=${MODELS:-"mobilenet_v2 mobilenet_v3_large efficientnet_b0 regnet_y_400mf shufflenet_v2_x1_0 inception_v3 googlenet deeplabv3_resnet50 fcn_resnet50 lraspp_mobilenet_v3_large"}
+MODELS=${MODELS:-"mobilenet_v2 mobilenet_v3_large efficientnet_b0 regnet_y_400mf shufflenet_v2_x1_0 inception_v3 googlenet deeplabv3_resnet50 fcn_resnet50 lraspp_mobilenet_v3_large mnasnet1_0 deeplabv3_mobilenet_v3_large efficientnet_v2_s"}
 TOOL=../shared/tools/saved_activations.py
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 
 # The note's figures (MiB, batch 8, 224x224, real inplace_abn 1.1.0).
 declare -A NOTE_EXACT=([efficientnet_b0]=475.7 [mobilenet_v2]=401.5 [mobilenet_v3_large]=274.4
-	[lraspp_mobilenet_v3_large]=341.8 [shufflenet_v2_x1_0]=141.5 [regnet_y_400mf]=256.6)
+	[lraspp_mobilenet_v3_large]=341.8 [shufflenet_v2_x1_0]=141.5 [regnet_y_400mf]=256.6
+	[mnasnet1_0]=326.6 [deeplabv3_mobilenet_v3_large]=366.3 [efficientnet_v2_s]=841.9)
 declare -A NOTE_LEAKY=([deeplabv3_resnet50]="1566.8 -> 1288.0" [fcn_resnet50]="1499.3 -> 1245.0")
 
 mib() { awk -v b="$1" 'BEGIN {printf "%.1f", b / 1048576}'; }
