@@ -237,6 +237,11 @@ func (l *lowering) node(n *graph.Node, p *pb.NodeProto) error {
 			}
 		}
 	}
+	// torchvision's stochastic_depth in a train-mode export: random noise
+	// times x (lower_stochdepth.go).
+	if n.Op == graph.OpMul && l.stochasticDepth(n, p) {
+		return nil
+	}
 	if !IsOpaque(n.Op) {
 		if n.Op == graph.OpAvgPool {
 			l.foldPadIntoPool(n)
