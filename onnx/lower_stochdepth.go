@@ -7,6 +7,12 @@ import (
 	"github.com/abnconvert/abnconvert/onnx/internal/pb"
 )
 
+// randomOps are ONNX's random ops: a node of one left opaque says why.
+var randomOps = map[string]bool{
+	"RandomUniformLike": true, "RandomUniform": true, "RandomNormalLike": true, "RandomNormal": true,
+	"Bernoulli": true, "Multinomial": true,
+}
+
 // stochasticDepth recognises torchvision.ops.stochastic_depth as a
 // train-mode PRESERVE export traces it (torch 2.x's own symbolic for
 // bernoulli_, and torch 1.13 with that symbolic registered, see

@@ -141,8 +141,8 @@ func TestStochasticDepthNotMatched(t *testing.T) {
 			if _, err := m.LowerLayout(); err != nil {
 				t.Fatal(err)
 			}
-			if o := strings.Join(m.Opaque(), "; "); !strings.Contains(o, "RandomUniformLike") {
-				t.Fatalf("opaque %q, want RandomUniformLike", o)
+			if o := strings.Join(m.Opaque(), "; "); !strings.Contains(o, "RandomUniformLike x") || !strings.Contains(o, "(random: of the random ops, only torchvision's stochastic_depth") {
+				t.Fatalf("opaque %q, want RandomUniformLike and why", o)
 			}
 			e, err := runtime.New(m.Graph, m.Weights, runtime.NewShapes(), runtime.Options{})
 			if err == nil {
