@@ -19,7 +19,7 @@ import (
 // StochasticDepth(0.25, "row") and StochasticDepth(0.5, "batch") on their
 // residual branches, Dropout before the head), exported in train mode by
 // torch 1.13 with torch 2.6's bernoulli symbolic registered (sd_*) and by
-// torch 2.6 itself (sd_t26_*), opsets 13 and 17.
+// torch 2.6 itself (sd_t26_*), opsets 11, 13 and 17.
 const sdDir = "../fixtures/testdata/stochdepth"
 
 // TestStochasticDepthExports: the random-noise pattern torch traces for
@@ -28,7 +28,7 @@ const sdDir = "../fixtures/testdata/stochdepth"
 // another batch size and resolution is PyTorch's; a training step runs
 // and keeps the noise (N values in row mode, one in batch mode).
 func TestStochasticDepthExports(t *testing.T) {
-	for _, file := range []string{"sd_op13", "sd_op17", "sd_t26_op13", "sd_t26_op17"} {
+	for _, file := range []string{"sd_op11", "sd_op13", "sd_op17", "sd_t26_op11", "sd_t26_op13", "sd_t26_op17"} {
 		t.Run(file, func(t *testing.T) {
 			var gold actsGolden
 			b, err := os.ReadFile(filepath.Join(sdDir, file[:strings.LastIndex(file, "_op")]+".json"))
