@@ -416,6 +416,26 @@ func TestModuleRefusals(t *testing.T) {
 			}
 		})
 	}
+	// Both of torchvision's StochasticDepth modes are read.
+	for mode, want := range map[string]string{"row": "", "batch": graph.StochasticBatch} {
+		m, w := hand(seq(conv(nil), mod("torchvision.ops.stochastic_depth.StochasticDepth", map[string]pth.Value{"p": 0.2, "mode": mode})))(t)
+		g, _, err := FromModule(m, w, "auto")
+		if err != nil {
+			t.Fatalf("StochasticDepth mode %s: %v", mode, err)
+		}
+		found := false
+		for _, n := range g.Nodes {
+			if n.Op == graph.OpStochasticDepth {
+				found = true
+				if n.Attr.P != 0.2 || n.Attr.Mode != want {
+					t.Errorf("StochasticDepth mode %s: p %g, mode %q, want 0.2 and %q", mode, n.Attr.P, n.Attr.Mode, want)
+				}
+			}
+		}
+		if !found {
+			t.Errorf("StochasticDepth mode %s: no node", mode)
+		}
+	}
 }
 
 // TestModuleActivationSwap: a torchvision ResNet whose ReLU module was
