@@ -45,6 +45,7 @@ interop: build
 	$(PYTHON) fixtures/interop_graph.py --bin $(BIN)
 	$(PYTHON) fixtures/acts.py check --bin $(BIN)
 	$(PYTHON) fixtures/shape_nets.py check --bin $(BIN)
+	$(PYTHON) fixtures/stochdepth.py check --bin $(BIN)
 	$(PYTHON) fixtures/ckpts.py check --bin $(BIN)
 	$(PYTHON) fixtures/weights_only.py check --bin $(BIN)
 
@@ -118,6 +119,7 @@ fixtures:
 	$(PYTHON) fixtures/ops.py
 	$(PYTHON) fixtures/layout_ops.py
 	$(PYTHON) fixtures/shape_nets.py gen
+	$(PYTHON) fixtures/stochdepth.py gen  # sd_t26_*: .ci/torch26.sh --run python3 fixtures/stochdepth.py gen --suffix _t26
 
 bench: build
 	bash bench/convert.sh

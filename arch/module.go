@@ -469,8 +469,12 @@ func readLayer(m *pth.Module) (graph.Op, graph.Attr, error) {
 		if a.P, ok = number(m.Attr("p")); !ok || a.P < 0 || a.P > 1 {
 			return "", a, fmt.Errorf("p is %s, not a probability", describe(m.Attr("p")))
 		}
-		if mode, _ := m.Attr("mode").(string); mode != "row" {
-			return "", a, failure.Unsupportedf("mode %s: only row mode (one draw per sample, as torchvision's MBConv uses) is modelled", describe(m.Attr("mode")))
+		switch mode, _ := m.Attr("mode").(string); mode {
+		case "row":
+		case "batch":
+			a.Mode = graph.StochasticBatch
+		default:
+			return "", a, failure.Unsupportedf("mode %s: want row or batch", describe(m.Attr("mode")))
 		}
 		return graph.OpStochasticDepth, a, nil
 	case "ReLU6", "Hardtanh":

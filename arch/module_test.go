@@ -384,6 +384,7 @@ func TestModuleRefusals(t *testing.T) {
 		{"dropout p", hand(seq(conv(nil), mod("torch.nn.modules.dropout.Dropout", map[string]pth.Value{"p": 1.5, "inplace": false}))), "p is 1.5, not a probability", bad},
 		{"upsample", hand(seq(conv(nil), mod("torch.nn.modules.upsampling.Upsample", map[string]pth.Value{"name": "Upsample", "size": nil, "scale_factor": 2.0, "mode": "bilinear", "align_corners": false, "recompute_scale_factor": nil}))),
 			"1 (Upsample): Upsample(size=None, scale_factor=2, mode='bilinear', align_corners=False): resizing to a fixed size or by a scale factor is not modelled", unsupported},
+		{"stochastic depth mode", hand(seq(conv(nil), mod("torchvision.ops.stochastic_depth.StochasticDepth", map[string]pth.Value{"p": 0.2, "mode": "column"}))), "mode 'column': want row or batch", unsupported},
 		{"gelu tanh", hand(seq(conv(nil), mod("torch.nn.modules.activation.GELU", map[string]pth.Value{"approximate": "tanh"}))), "approximate 'tanh': only the exact GELU is modelled", unsupported},
 		{"softplus", hand(seq(conv(nil), mod("torch.nn.modules.activation.Softplus", map[string]pth.Value{"beta": 1.0, "threshold": 20.0}))), "Softplus is not a layer abnconvert's IR models yet", unsupported},
 		{"resnet reflect padding", resnet("layer3.1.conv2", func(m *pth.Module) { m.Attrs["padding_mode"] = "reflect" }), `layer3.1.conv2 (Conv2d): padding_mode "reflect"`, unsupported},
@@ -414,6 +415,26 @@ func TestModuleRefusals(t *testing.T) {
 				t.Errorf("class %v, want %v", k, c.kind)
 			}
 		})
+	}
+	// Both of torchvision's StochasticDepth modes are read.
+	for mode, want := range map[string]string{"row": "", "batch": graph.StochasticBatch} {
+		m, w := hand(seq(conv(nil), mod("torchvision.ops.stochastic_depth.StochasticDepth", map[string]pth.Value{"p": 0.2, "mode": mode})))(t)
+		g, _, err := FromModule(m, w, "auto")
+		if err != nil {
+			t.Fatalf("StochasticDepth mode %s: %v", mode, err)
+		}
+		found := false
+		for _, n := range g.Nodes {
+			if n.Op == graph.OpStochasticDepth {
+				found = true
+				if n.Attr.P != 0.2 || n.Attr.Mode != want {
+					t.Errorf("StochasticDepth mode %s: p %g, mode %q, want 0.2 and %q", mode, n.Attr.P, n.Attr.Mode, want)
+				}
+			}
+		}
+		if !found {
+			t.Errorf("StochasticDepth mode %s: no node", mode)
+		}
 	}
 }
 

@@ -24,7 +24,8 @@
 #     driver's free-memory figure;
 #  3. abnconvert verify --device cuda (and --device cpu) on each fixture,
 #     on act_net (ReLU6, SiLU, SE gate, Hardswish, GELU, Hardsigmoid) and
-#     the layout networks (shuffle, inception, head, seg), converted with
+#     the layout networks (shuffle, inception, head, seg) and sd
+#     (StochasticDepth, row and batch, from a train-mode export), converted with
 #     --relu abn, structure from their ONNX exports;
 #  4. InPlace-ABN forward and backward throughput against the device's copy
 #     bandwidth and against PyTorch's batch norm + leaky ReLU, same tensors;
@@ -172,6 +173,13 @@ done
 for n in shuffle inception head seg; do
 	verify_row "$n (opset 13, --relu abn)" "fixtures/testdata/shape/$n.pth" \
 		--graph "fixtures/testdata/shape/${n}_op13.onnx" --relu abn
+done
+# StochasticDepth, row mode on an MBConv residual branch and batch mode
+# (fixtures/stochdepth.py), structure from the train-mode export: verify's
+# training step draws the noise on the device and on the CPU alike.
+for op in 13 17; do
+	verify_row "sd (opset $op, train-mode export, --relu abn)" fixtures/testdata/stochdepth/sd.pth \
+		--graph "fixtures/testdata/stochdepth/sd_op$op.onnx" --relu abn
 done
 
 log "4. InPlace-ABN throughput"

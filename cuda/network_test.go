@@ -138,6 +138,32 @@ func fixtureNets(t testing.TB) []fixtureNet {
 			out = append(out, n)
 		}
 	}
+	// StochasticDepth (fixtures/stochdepth.py: row mode on an MBConv
+	// residual branch, as efficientnet has it, and batch mode), from its
+	// train-mode export: the training step draws the noise on each backend
+	// from the same seed, so the outputs agree only if the same samples
+	// survive.
+	sd := filepath.Join("..", "fixtures", "testdata", "stochdepth", "sd_op13.onnx")
+	for _, converted := range []bool{false, true} {
+		m, err := onnx.Read(sd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := m.LowerLayout(); err != nil {
+			t.Fatalf("%s: %v", sd, err)
+		}
+		if o := m.Opaque(); len(o) != 0 {
+			t.Fatalf("%s: opaque after lowering: %v", sd, o)
+		}
+		n := fixtureNet{name: "sd", g: m.Graph, w: m.Weights}
+		if converted {
+			n.name += " converted"
+			if _, err := rewrite.Run(m.Graph, m.Weights, rewrite.Options{ReLU: rewrite.ReLULeaky, Slope: 0.01}); err != nil {
+				t.Fatalf("%s: %v", sd, err)
+			}
+		}
+		out = append(out, n)
+	}
 	return out
 }
 

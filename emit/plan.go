@@ -368,6 +368,9 @@ func checkParamless(n *graph.Node) error {
 		if !(a.P >= 0 && a.P <= 1) {
 			return fmt.Errorf("%s probability %g outside [0, 1]", n.Op, a.P)
 		}
+		if n.Op == graph.OpStochasticDepth && a.Mode != "" && a.Mode != graph.StochasticBatch {
+			return fmt.Errorf("StochasticDepth mode %q: want row or batch", a.Mode)
+		}
 	case graph.OpResize:
 		if a.Mode != "nearest" && a.Mode != "bilinear" {
 			return fmt.Errorf("resize mode %q: want nearest or bilinear", a.Mode)

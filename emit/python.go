@@ -346,7 +346,11 @@ func (p *program) nodeLine(n *graph.Node) (string, error) {
 	case graph.OpStochasticDepth:
 		// torchvision's own function: the same noise as the original
 		// draws from the same generator state.
-		expr = fmt.Sprintf("torchvision.ops.stochastic_depth(%s, %s, \"row\", self.training)", in(0), pyFloat(a.P))
+		mode := "row"
+		if a.Mode == graph.StochasticBatch {
+			mode = a.Mode
+		}
+		expr = fmt.Sprintf("torchvision.ops.stochastic_depth(%s, %s, %s, self.training)", in(0), pyFloat(a.P), pyStr(mode))
 	case graph.OpResize:
 		// To the second input's size at run time, as torchvision's
 		// segmentation models do: any input size works.

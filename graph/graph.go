@@ -62,12 +62,19 @@ const (
 	// segmentation models call F.interpolate(x, size=input.shape[-2:]).
 	// Attr.Mode is "nearest" or "bilinear", with Attr.AlignCorners.
 	OpResize Op = "Resize"
-	// OpStochasticDepth is torchvision's StochasticDepth(p, "row"): in
+	// OpStochasticDepth is torchvision's StochasticDepth(p, mode): in
 	// training each sample (row of dimension 0) is zeroed with
-	// probability Attr.P and the others scaled by 1/(1-P); in eval, and
-	// when P is 0, the identity.
+	// probability Attr.P and the others scaled by 1/(1-P); with Attr.Mode
+	// StochasticBatch, the whole batch is, by one draw. Attr.Mode is ""
+	// for torchvision's "row" (what MBConv uses), so that graphs read
+	// before batch mode existed compare equal. In eval, and when P is 0,
+	// the identity.
 	OpStochasticDepth Op = "StochasticDepth"
 )
+
+// StochasticBatch is OpStochasticDepth's Attr.Mode for torchvision's
+// mode="batch"; row mode is "".
+const StochasticBatch = "batch"
 
 // Activation names of the ABN family, spelled as the inplace_abn package
 // spells them.
@@ -130,7 +137,7 @@ type Attr struct {
 	StartDim int `json:"start_dim,omitempty"`
 	// Dropout.
 	P float64 `json:"p,omitempty"`
-	// Resize.
+	// Resize; StochasticDepth ("" for row, StochasticBatch).
 	Mode         string `json:"mode,omitempty"`
 	AlignCorners bool   `json:"align_corners,omitempty"`
 	// Reshape, Transpose, Pad, Slice (graph/layout.go); a pointer so that
@@ -447,6 +454,11 @@ func (a Attr) summary(op Op) string {
 		return fmt.Sprintf("start_dim=%d", a.StartDim)
 	case OpResize:
 		return fmt.Sprintf("%s align_corners=%v", a.Mode, a.AlignCorners)
+	case OpStochasticDepth:
+		if a.Mode == StochasticBatch {
+			return fmt.Sprintf("p=%g batch", a.P)
+		}
+		return fmt.Sprintf("p=%g row", a.P)
 	}
 	return a.layoutSummary(op)
 }

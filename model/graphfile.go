@@ -132,7 +132,7 @@ func graphFromONNX(path string, w graph.Weights) (*graph.Graph, *arch.Match, err
 		return nil, nil, failure.Unsupportedf("%s: the network uses ops abnconvert does not support yet, so no module could be emitted and no conversion verified: %s", path, strings.Join(opaque, "; "))
 	}
 	if m.ExportMode() == "eval" {
-		match.Warnings = append(match.Warnings, fmt.Sprintf("%s was exported in eval mode, which drops every Dropout and StochasticDepth layer: the emitted module trains without any the network had; to keep Dropout, export with model.train() and training=torch.onnx.TrainingMode.PRESERVE (torch cannot export StochasticDepth's random mask: for EfficientNet give the whole pickled module, torch.save(model), instead)", path))
+		match.Warnings = append(match.Warnings, fmt.Sprintf("%s was exported in eval mode, which drops every Dropout and StochasticDepth layer: the emitted module trains without any the network had; to keep them, export with model.train() and training=torch.onnx.TrainingMode.PRESERVE (torch 1.x exports StochasticDepth's noise only with torch 2's bernoulli symbolic registered, see the README; or give the whole pickled module, torch.save(model))", path))
 	}
 	return g, match, nil
 }

@@ -237,6 +237,14 @@ func (l *lowering) node(n *graph.Node, p *pb.NodeProto) error {
 			}
 		}
 	}
+	// torchvision's stochastic_depth in a train-mode export: random noise
+	// times x (lower_stochdepth.go).
+	if n.Op == graph.OpMul && l.stochasticDepth(n, p) {
+		return nil
+	}
+	if randomOps[op] {
+		return l.why(n, "random: of the random ops, only torchvision's stochastic_depth noise is recognised (RandomUniformLike, Less, Cast, Div by the survival rate, Mul)")
+	}
 	if !IsOpaque(n.Op) {
 		if n.Op == graph.OpAvgPool {
 			l.foldPadIntoPool(n)

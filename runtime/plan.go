@@ -459,7 +459,7 @@ func (p *plan) planAux(nd *graph.Node, i int, pp *pass, ev int, reuse *pass) {
 	case nd.Op == graph.OpDropout && p.training:
 		add(p.shapes[i], p.act, "dropout mask")
 	case nd.Op == graph.OpStochasticDepth && stochasticDepthActive(nd, p.training):
-		add(stochasticDepthNoise(p.shapes[i]), p.act, "stochastic depth noise")
+		add(stochasticDepthNoise(nd, p.shapes[i]), p.act, "stochastic depth noise")
 	}
 }
 
@@ -735,7 +735,15 @@ func outShape(nd *graph.Node, input []int, ins [][]int, training bool) ([]int, e
 		}
 		return append([]int(nil), x...), nil
 	case graph.OpReLU, graph.OpLeakyReLU, graph.OpELU, graph.OpDropout, graph.OpSigmoid, graph.OpSiLU,
-		graph.OpHardswish, graph.OpGELU, graph.OpStochasticDepth:
+		graph.OpHardswish, graph.OpGELU:
+		return append([]int(nil), ins[0]...), nil
+	case graph.OpStochasticDepth:
+		if a.Mode != "" && a.Mode != graph.StochasticBatch {
+			return nil, fmt.Errorf("mode %q: want row (\"\") or %s", a.Mode, graph.StochasticBatch)
+		}
+		if !(a.P >= 0 && a.P <= 1) {
+			return nil, fmt.Errorf("p %g is not a probability", a.P)
+		}
 		return append([]int(nil), ins[0]...), nil
 	case graph.OpHardtanh:
 		if !(a.ActParam <= a.ActParam2) {

@@ -4,9 +4,10 @@ import (
 	"github.com/abnconvert/abnconvert/graph"
 )
 
-// StochasticDepth (torchvision.ops.stochastic_depth in row mode) drops a
-// whole residual branch per sample: in training it multiplies its input by
-// noise of shape (N, 1, ..., 1), each entry 0 with probability p and
+// StochasticDepth (torchvision.ops.stochastic_depth) drops a whole
+// residual branch per sample in row mode, for the whole batch in batch
+// mode: in training it multiplies its input by noise of shape (N, 1, ...,
+// 1), or (1, ..., 1) in batch mode, each entry 0 with probability p and
 // 1/(1-p) otherwise, drawn like Dropout's mask (DropoutSeed of the node's
 // name and the step) so that runs are reproducible; PyTorch keeps that
 // noise, and only it, for the backward (the product's other operand needs
@@ -18,14 +19,14 @@ func stochasticDepthActive(nd *graph.Node, training bool) bool {
 	return training && nd.Attr.P > 0
 }
 
-// stochasticDepthNoise is the noise's shape for an input of shape x: the
-// batch dimension, ones elsewhere.
-func stochasticDepthNoise(x []int) []int {
+// stochasticDepthNoise is nd's noise shape for an input of shape x: the
+// batch dimension (row mode) or 1 (batch mode), ones elsewhere.
+func stochasticDepthNoise(nd *graph.Node, x []int) []int {
 	out := make([]int, len(x))
 	for i := range out {
 		out[i] = 1
 	}
-	if len(x) > 0 {
+	if len(x) > 0 && nd.Attr.Mode != graph.StochasticBatch {
 		out[0] = x[0]
 	}
 	return out

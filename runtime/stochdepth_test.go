@@ -3,6 +3,7 @@ package runtime
 import (
 	"math"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/abnconvert/abnconvert/graph"
@@ -178,5 +179,66 @@ func TestStochasticDepthSaved(t *testing.T) {
 			}
 		}
 		e.Close()
+	}
+}
+
+// TestStochasticDepthBatch: in batch mode one draw (index 0 of the Dropout
+// rule) zeroes or scales every sample alike, the noise saved is one
+// element, and a mode the IR does not define is refused when planning.
+func TestStochasticDepthBatch(t *testing.T) {
+	const p = 0.5
+	h := newHand(3)
+	c := h.conv("c1", h.g.Input, 3, 4, 1, 0)
+	h.g.Add("sd", graph.OpStochasticDepth, graph.Attr{P: p, Mode: graph.StochasticBatch}, nil, c)
+	x := NewHostTensor(8, 3, 2, 2)
+	for i := range x.Data {
+		x.Data[i] = float32(i%7) - 3
+	}
+	e, err := New(h.g, h.w, NewCPU(1), Options{Seed: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	ev, err := e.Forward(x, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept := 0
+	for step := 0; step < 16; step++ {
+		tr, err := e.Forward(x, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		scale := float32(0)
+		if DropoutKeep(DropoutSeed(2, "sd", step), 0, p) {
+			scale = 1 / (1 - p)
+			kept++
+		}
+		for k, v := range tr.Data {
+			if want := ev.Data[k] * scale; math.Abs(float64(v-want)) > 1e-5*(1+math.Abs(float64(want))) {
+				t.Fatalf("step %d element %d: %g, want %g", step, k, v, want)
+			}
+		}
+		for _, l := range e.Memory().Layers {
+			if l.Node == "sd" && l.SavedBytes != 4 {
+				t.Errorf("step %d: sd saves %d bytes, want 4 (one draw)", step, l.SavedBytes)
+			}
+		}
+	}
+	if kept == 0 || kept == 16 {
+		t.Errorf("kept the batch %d times in 16 steps at p = 0.5", kept)
+	}
+
+	bad := newHand(3)
+	bc := bad.conv("c1", bad.g.Input, 3, 4, 1, 0)
+	bad.g.Add("sd", graph.OpStochasticDepth, graph.Attr{P: p, Mode: "column"}, nil, bc)
+	if eb, err := New(bad.g, bad.w, NewCPU(1), Options{}); err == nil {
+		_, err = eb.Forward(x, true)
+		eb.Close()
+		if err == nil || !strings.Contains(err.Error(), `mode "column"`) {
+			t.Errorf("mode column: %v", err)
+		}
+	} else if !strings.Contains(err.Error(), `mode "column"`) {
+		t.Errorf("mode column: %v", err)
 	}
 }
