@@ -898,9 +898,9 @@ func (l *lowering) slice(n *graph.Node, p *pb.NodeProto, x *graph.Value, rank in
 // with constant scales of 1 for the batch and channels (scale_factor=s,
 // which torch writes as Concat(Constant [1, 1], Constant [s, s])), a
 // Resize by that factor. Sizes computed from x's own size
-// (recompute_scale_factor=True) are evaluated like any shape: by an
-// integer factor they are a Resize to x's size times it, which is not
-// modelled, and stay opaque.
+// (recompute_scale_factor=True) are evaluated like any shape: x's height
+// and width times integers are a Resize by those factors; by a fraction
+// the computation stays opaque (see eval), and so does the Resize.
 func (l *lowering) resize(n *graph.Node, p *pb.NodeProto, a attrs, x *graph.Value) error {
 	var attr graph.Attr
 	mode := a.str("mode", "nearest")
@@ -923,7 +923,10 @@ func (l *lowering) resize(n *graph.Node, p *pb.NodeProto, a attrs, x *graph.Valu
 		return l.resizeByScales(n, p, attr, x)
 	}
 	s, _, ok := l.arg(p, 3)
-	if !ok || s == nil || len(s.v) != 4 {
+	if !ok || s == nil {
+		return l.why(n, "sizes computed by more than shape arithmetic (F.interpolate(scale_factor=f, recompute_scale_factor=True) with a non-integer f is not modelled)")
+	}
+	if len(s.v) != 4 {
 		return nil
 	}
 	same := func(e *sx, axis int) bool {
@@ -944,8 +947,17 @@ func (l *lowering) resize(n *graph.Node, p *pb.NodeProto, a attrs, x *graph.Valu
 		}
 		return nil
 	}
+	if fh, fw := l.multiple(x, h, 2), l.multiple(x, w, 3); fh > 0 && fw > 0 {
+		// x's own height and width times integers: recompute_scale_factor
+		// =True by an integer factor, for which in/out is 1/scale.
+		attr.Scale = [2]float64{float64(fh), float64(fw)}
+		if nd := l.replace(n, graph.OpResize, attr, nil, x); nd.Out.Channels == 0 {
+			nd.Out.Channels = x.Channels
+		}
+		return nil
+	}
 	if h.op != 'd' || w.op != 'd' || h.v != w.v {
-		return l.why(n, "the sizes are neither constants nor another tensor's height and width")
+		return l.why(n, "the sizes are neither constants, nor another tensor's height and width, nor the input's times integers")
 	}
 	r := graph.Ranks(l.g, l.inRank)[h.v]
 	if r < 2 || h.axis != r-2 || w.axis != r-1 {
@@ -953,6 +965,19 @@ func (l *lowering) resize(n *graph.Node, p *pb.NodeProto, a attrs, x *graph.Valu
 	}
 	l.replace(n, graph.OpResize, attr, nil, x, h.v)
 	return nil
+}
+
+// multiple is k when e is dimension axis of x times a positive integer
+// constant k (floor(H * 2.0) evaluated), 0 otherwise.
+func (l *lowering) multiple(x *graph.Value, e *sx, axis int) int64 {
+	isDim := func(e *sx) bool { return e.op == 'd' && e.v == x && e.axis == axis }
+	switch {
+	case e.op == '*' && isDim(e.a) && e.b.isConst() && e.b.c > 0:
+		return e.b.c
+	case e.op == '*' && isDim(e.b) && e.a.isConst() && e.a.c > 0:
+		return e.a.c
+	}
+	return 0
 }
 
 // resizeByScales lowers a Resize by constant scales (1, 1, sh, sw). ONNX

@@ -312,8 +312,9 @@ func TestResizeScalesRead(t *testing.T) {
 // recompute_scale_factor=True) exports sizes computed as floor(H * 1.5):
 // the shape computation must not read 1.5 as the integer 1 (which made it
 // a Resize to the input's own size): it stays opaque, refused by name.
+// By an integer factor it is a Resize by that factor.
 func TestResizeRecomputedFraction(t *testing.T) {
-	for _, scale := range []float64{1.5, 1} {
+	for _, scale := range []float64{1.5, 1, 2} {
 		b := convBNRelu()
 		b.m.Graph.Node[len(b.m.Graph.Node)-1].Output = []string{"r"}
 		i64 := func(name string, v ...int64) string {
@@ -340,15 +341,21 @@ func TestResizeRecomputedFraction(t *testing.T) {
 			t.Fatal(err)
 		}
 		out := m.Graph.Output.Producer
-		if scale == 1 {
+		switch scale {
+		case 1:
 			// By 1: a Resize to r's own size, as before.
 			if out.Op != graph.OpResize || len(out.Inputs) != 2 {
 				t.Errorf("by 1: lowered to %s with %d inputs, want a Resize to r's size", out.Op, len(out.Inputs))
 			}
 			continue
+		case 2:
+			if want := (graph.Attr{Mode: "nearest", Scale: [2]float64{2, 2}}); out.Op != graph.OpResize || len(out.Inputs) != 1 || out.Attr != want {
+				t.Errorf("by 2: lowered to %s %+v with %d inputs, want a one-input Resize %+v", out.Op, out.Attr, len(out.Inputs), want)
+			}
+			continue
 		}
-		if !IsOpaque(out.Op) || len(m.Opaque()) == 0 {
-			t.Errorf("by %g: lowered to %s %+v, want it left opaque", scale, out.Op, out.Attr)
+		if o := fmt.Sprint(m.Opaque()); !IsOpaque(out.Op) || !strings.Contains(o, "Resize x1 (sizes computed by more than shape arithmetic (F.interpolate(scale_factor=f, recompute_scale_factor=True)") {
+			t.Errorf("by %g: lowered to %s %+v (opaque: %s), want it left opaque, and why", scale, out.Op, out.Attr, o)
 		}
 	}
 }
