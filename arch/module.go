@@ -577,9 +577,12 @@ func upsampleAttrs(m *pth.Module) (graph.Attr, error) {
 	default:
 		items = []pth.Value{t, t}
 	}
-	for d := range 2 {
-		f, ok := number(items[min(d, len(items)-1)])
-		if len(items) != 2 || !ok || !(f > 0 && f < 1e6) {
+	if len(items) != 2 {
+		return a, fmt.Errorf("scale_factor is %s, not a positive number or a pair of them", describe(scale))
+	}
+	for d, it := range items {
+		f, ok := number(it)
+		if !ok || !(f > 0 && f < 1e6) {
 			return a, fmt.Errorf("scale_factor is %s, not a positive number or a pair of them", describe(scale))
 		}
 		a.Scale[d] = f

@@ -398,6 +398,8 @@ func TestModuleRefusals(t *testing.T) {
 		{"upsample neither", hand(seq(conv(nil), up(map[string]pth.Value{"scale_factor": nil}))), "wants exactly one", bad},
 		{"upsample nearest aligned", hand(seq(conv(nil), up(map[string]pth.Value{"mode": "nearest", "align_corners": true}))), "align_corners True with mode 'nearest'", bad},
 		{"upsample negative", hand(seq(conv(nil), up(map[string]pth.Value{"scale_factor": -2.0}))), "scale_factor is -2, not a positive number", bad},
+		{"upsample empty tuple", hand(seq(conv(nil), up(map[string]pth.Value{"scale_factor": &pth.Tuple{}}))), "scale_factor is (), not a positive number", bad},
+		{"upsample three factors", hand(seq(conv(nil), up(map[string]pth.Value{"scale_factor": &pth.Tuple{Items: []pth.Value{2.0, 2.0, 2.0}}}))), "scale_factor is (2, 2, 2)", bad},
 		{"upsample recompute with size", hand(seq(conv(nil), up(map[string]pth.Value{"scale_factor": nil, "size": i(8), "recompute_scale_factor": true}))), "with a size", bad},
 		{"stochastic depth mode", hand(seq(conv(nil), mod("torchvision.ops.stochastic_depth.StochasticDepth", map[string]pth.Value{"p": 0.2, "mode": "column"}))), "mode 'column': want row or batch", unsupported},
 		{"gelu tanh", hand(seq(conv(nil), mod("torch.nn.modules.activation.GELU", map[string]pth.Value{"approximate": "tanh"}))), "approximate 'tanh': only the exact GELU is modelled", unsupported},
