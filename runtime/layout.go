@@ -73,7 +73,9 @@ func (h Interp) Step(axis, in, out int) float32 {
 // tensors (TensorIterator's HelperInterpNearest) does not. The two differ
 // when a scale factor other than 1 or 2 gives such a size (2.1 for an
 // input of 5: torch's forward reads row 0 three times, its backward sends
-// the gradient of output row 2 to input row 1).
+// the gradient of output row 2 to input row 1). Torch 2.6 takes them in
+// every forward: there, and only in such cases, its results differ from
+// 1.13's and the runtime's.
 func NearestIndex(o, in, out int, step float32, exact bool) int {
 	switch {
 	case exact && out == in:
