@@ -507,21 +507,92 @@ func readLayer(m *pth.Module) (graph.Op, graph.Attr, error) {
 			return "", a, failure.Unsupportedf("approximate %s: only the exact GELU is modelled", describe(m.Attr("approximate")))
 		}
 		return graph.OpGELU, a, nil
-	case "Upsample":
-		if err := checkAttrs(m, "name", "size", "scale_factor", "mode", "align_corners", "recompute_scale_factor"); err != nil {
-			return "", a, err
-		}
-		mode, ok := m.Attr("mode").(string)
-		if !ok {
-			return "", a, fmt.Errorf("mode is %s, not a string", describe(m.Attr("mode")))
-		}
-		// The IR's Resize follows another tensor's size, as torchvision's
-		// segmentation heads do; a module that resizes to a fixed size or
-		// by a scale has no such tensor.
-		return "", a, failure.Unsupportedf("Upsample(size=%s, scale_factor=%s, mode=%s, align_corners=%s): resizing to a fixed size or by a scale factor is not modelled (the IR resizes to another tensor's size only)",
-			describe(m.Attr("size")), describe(m.Attr("scale_factor")), describe(mode), describe(m.Attr("align_corners")))
+	case "Upsample", "UpsamplingNearest2d", "UpsamplingBilinear2d":
+		// The two subclasses only set mode and align_corners in their
+		// __init__; Upsample's forward reads every attribute.
+		a, err := upsampleAttrs(m)
+		return graph.OpResize, a, err
 	}
 	return "", a, failure.Unsupportedf("%s is not a layer abnconvert's IR models yet", m.Class)
+}
+
+// upsampleAttrs reads nn.Upsample's attributes into a one-input Resize,
+// as its forward calls F.interpolate(x, size, scale_factor, mode,
+// align_corners, recompute_scale_factor=...). What torch 1.13 would raise
+// on is bad input; what the IR does not model is unsupported, named.
+func upsampleAttrs(m *pth.Module) (graph.Attr, error) {
+	var a graph.Attr
+	if err := checkAttrs(m, "name", "size", "scale_factor", "mode", "align_corners", "recompute_scale_factor"); err != nil {
+		return a, err
+	}
+	mode, ok := m.Attr("mode").(string)
+	if !ok {
+		return a, fmt.Errorf("mode is %s, not a string", describe(m.Attr("mode")))
+	}
+	if mode != "nearest" && mode != "bilinear" {
+		return a, failure.Unsupportedf("mode %s: only nearest and bilinear resizing of (N, C, H, W) are modelled", describe(mode))
+	}
+	a.Mode = mode
+	switch ac := m.Attr("align_corners").(type) {
+	case nil: // bilinear: torch uses False
+	case bool:
+		if mode == "nearest" {
+			return a, fmt.Errorf("align_corners %s with mode 'nearest': torch's interpolate raises", describe(ac))
+		}
+		a.AlignCorners = ac
+	default:
+		return a, fmt.Errorf("align_corners is %s, not a bool or None", describe(ac))
+	}
+	size, scale := m.Attr("size"), m.Attr("scale_factor")
+	if (size == nil) == (scale == nil) {
+		return a, fmt.Errorf("size %s and scale_factor %s: torch's interpolate wants exactly one", describe(size), describe(scale))
+	}
+	recompute := false
+	switch r := m.Attr("recompute_scale_factor").(type) {
+	case nil:
+	case bool:
+		recompute = r
+	default:
+		return a, fmt.Errorf("recompute_scale_factor is %s, not a bool or None", describe(r))
+	}
+	if size != nil {
+		if recompute {
+			return a, fmt.Errorf("recompute_scale_factor=True with a size: torch's interpolate raises")
+		}
+		var err error
+		if a.Size, err = pairAttr(m, "size"); err != nil {
+			return a, err
+		}
+		if a.Size[0] <= 0 || a.Size[1] <= 0 {
+			return a, fmt.Errorf("size %v is not positive", a.Size)
+		}
+		return a, nil
+	}
+	var items []pth.Value
+	switch t := scale.(type) {
+	case *pth.Tuple:
+		items = t.Items
+	case *pth.List:
+		items = t.Items
+	default:
+		items = []pth.Value{t, t}
+	}
+	if len(items) != 2 {
+		return a, fmt.Errorf("scale_factor is %s, not a positive number or a pair of them", describe(scale))
+	}
+	for d, it := range items {
+		f, ok := number(it)
+		if !ok || !(f > 0 && f < 1e6) {
+			return a, fmt.Errorf("scale_factor is %s, not a positive number or a pair of them", describe(scale))
+		}
+		a.Scale[d] = f
+	}
+	// recompute_scale_factor=True resizes to floor(in * scale) and steps
+	// by in/out, which is 1/scale for an integer factor only.
+	if recompute && (a.Scale[0] != math.Trunc(a.Scale[0]) || a.Scale[1] != math.Trunc(a.Scale[1])) {
+		return a, failure.Unsupportedf("recompute_scale_factor=True with scale_factor %s: stepping by in/out rather than 1/scale for a non-integer factor is not modelled", describe(scale))
+	}
+	return a, nil
 }
 
 // activation checks a module whose only attribute besides extra is

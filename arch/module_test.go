@@ -2,6 +2,7 @@ package arch
 
 import (
 	"encoding/json"
+	"fmt"
 	"math"
 	"os"
 	"os/exec"
@@ -298,6 +299,13 @@ func TestModuleRefusals(t *testing.T) {
 		}
 		return mod("torch.nn.modules.pooling.MaxPool2d", a)
 	}
+	up := func(attrs map[string]pth.Value) *pth.Module {
+		a := map[string]pth.Value{"name": "Upsample", "size": nil, "scale_factor": 2.0, "mode": "bilinear", "align_corners": false, "recompute_scale_factor": nil}
+		for k, v := range attrs {
+			a[k] = v
+		}
+		return mod("torch.nn.modules.upsampling.Upsample", a)
+	}
 	seq := func(children ...*pth.Module) *pth.Module {
 		m := &pth.Module{Class: classSequential}
 		for k, c := range children {
@@ -382,8 +390,17 @@ func TestModuleRefusals(t *testing.T) {
 		{"pool kernel", hand(seq(conv(nil), mod("torch.nn.modules.pooling.AvgPool2d", map[string]pth.Value{"kernel_size": "x"}))), "kernel_size is 'x'", bad},
 		{"relu inplace", hand(seq(conv(nil), mod("torch.nn.modules.activation.ReLU", map[string]pth.Value{"inplace": i(1)}))), "inplace is 1, not a bool", bad},
 		{"dropout p", hand(seq(conv(nil), mod("torch.nn.modules.dropout.Dropout", map[string]pth.Value{"p": 1.5, "inplace": false}))), "p is 1.5, not a probability", bad},
-		{"upsample", hand(seq(conv(nil), mod("torch.nn.modules.upsampling.Upsample", map[string]pth.Value{"name": "Upsample", "size": nil, "scale_factor": 2.0, "mode": "bilinear", "align_corners": false, "recompute_scale_factor": nil}))),
-			"1 (Upsample): Upsample(size=None, scale_factor=2, mode='bilinear', align_corners=False): resizing to a fixed size or by a scale factor is not modelled", unsupported},
+		{"upsample bicubic", hand(seq(conv(nil), up(map[string]pth.Value{"mode": "bicubic"}))), "1 (Upsample): mode 'bicubic': only nearest and bilinear", unsupported},
+		{"upsample trilinear", hand(seq(conv(nil), up(map[string]pth.Value{"mode": "trilinear"}))), "mode 'trilinear'", unsupported},
+		{"upsample recompute 1.5", hand(seq(conv(nil), up(map[string]pth.Value{"scale_factor": 1.5, "recompute_scale_factor": true}))),
+			"recompute_scale_factor=True with scale_factor 1.5", unsupported},
+		{"upsample size and scale", hand(seq(conv(nil), up(map[string]pth.Value{"size": pair(4, 4)}))), "wants exactly one", bad},
+		{"upsample neither", hand(seq(conv(nil), up(map[string]pth.Value{"scale_factor": nil}))), "wants exactly one", bad},
+		{"upsample nearest aligned", hand(seq(conv(nil), up(map[string]pth.Value{"mode": "nearest", "align_corners": true}))), "align_corners True with mode 'nearest'", bad},
+		{"upsample negative", hand(seq(conv(nil), up(map[string]pth.Value{"scale_factor": -2.0}))), "scale_factor is -2, not a positive number", bad},
+		{"upsample empty tuple", hand(seq(conv(nil), up(map[string]pth.Value{"scale_factor": &pth.Tuple{}}))), "scale_factor is (), not a positive number", bad},
+		{"upsample three factors", hand(seq(conv(nil), up(map[string]pth.Value{"scale_factor": &pth.Tuple{Items: []pth.Value{2.0, 2.0, 2.0}}}))), "scale_factor is (2, 2, 2)", bad},
+		{"upsample recompute with size", hand(seq(conv(nil), up(map[string]pth.Value{"scale_factor": nil, "size": i(8), "recompute_scale_factor": true}))), "with a size", bad},
 		{"stochastic depth mode", hand(seq(conv(nil), mod("torchvision.ops.stochastic_depth.StochasticDepth", map[string]pth.Value{"p": 0.2, "mode": "column"}))), "mode 'column': want row or batch", unsupported},
 		{"gelu tanh", hand(seq(conv(nil), mod("torch.nn.modules.activation.GELU", map[string]pth.Value{"approximate": "tanh"}))), "approximate 'tanh': only the exact GELU is modelled", unsupported},
 		{"softplus", hand(seq(conv(nil), mod("torch.nn.modules.activation.Softplus", map[string]pth.Value{"beta": 1.0, "threshold": 20.0}))), "Softplus is not a layer abnconvert's IR models yet", unsupported},
@@ -729,5 +746,55 @@ for name, make in (("inception_v3", lambda: M.inception_v3(weights=None, aux_log
 				t.Errorf("%s: eval output rel %.2e against torch", match.Arch, e)
 			}
 		})
+	}
+}
+
+// TestUpsampleModules: nn.Upsample and its two subclasses in a chain
+// become one-input Resizes with torch's attributes: the scale factor as
+// given (one number or a pair), a fixed size, align_corners None as False,
+// recompute_scale_factor=True accepted for an integer factor.
+func TestUpsampleModules(t *testing.T) {
+	up := func(class string, attrs map[string]pth.Value) pth.Child {
+		a := map[string]pth.Value{"name": class, "size": nil, "scale_factor": nil, "mode": "nearest", "align_corners": nil, "recompute_scale_factor": nil}
+		for k, v := range attrs {
+			a[k] = v
+		}
+		return pth.Child{Module: &pth.Module{Class: "torch.nn.modules.upsampling." + class, Attrs: a}}
+	}
+	pair := func(a, b pth.Value) pth.Value { return &pth.Tuple{Items: []pth.Value{a, b}} }
+	conv := &pth.Module{Class: "torch.nn.modules.conv.Conv2d", Attrs: map[string]pth.Value{"in_channels": int64(3), "out_channels": int64(4),
+		"groups": int64(1), "padding_mode": "zeros", "transposed": false, "output_padding": pair(int64(0), int64(0)), "kernel_size": pair(int64(1), int64(1)),
+		"stride": pair(int64(1), int64(1)), "dilation": pair(int64(1), int64(1)), "padding": pair(int64(0), int64(0))},
+		Params: []pth.NamedTensor{{Name: "weight", Tensor: &pth.Tensor{}}}}
+	children := []pth.Child{{Module: conv},
+		up("Upsample", map[string]pth.Value{"scale_factor": 2.0}),
+		up("UpsamplingBilinear2d", map[string]pth.Value{"scale_factor": pair(1.5, 0.5), "mode": "bilinear", "align_corners": true}),
+		up("Upsample", map[string]pth.Value{"size": pair(int64(5), int64(7)), "mode": "bilinear"}),
+		up("UpsamplingNearest2d", map[string]pth.Value{"size": int64(9)}),
+		up("Upsample", map[string]pth.Value{"scale_factor": 3.0, "recompute_scale_factor": true}),
+	}
+	root := &pth.Module{Class: classSequential}
+	for k, c := range children {
+		c.Name = fmt.Sprint(k)
+		root.Children = append(root.Children, c)
+	}
+	w := graph.NewMemWeights()
+	w.Put("0.weight", []int{4, 3, 1, 1}, make([]float64, 12))
+	g, _, err := FromModule(root, w, "auto")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []graph.Attr{
+		{Mode: "nearest", Scale: [2]float64{2, 2}},
+		{Mode: "bilinear", AlignCorners: true, Scale: [2]float64{1.5, 0.5}},
+		{Mode: "bilinear", Size: [2]int{5, 7}},
+		{Mode: "nearest", Size: [2]int{9, 9}},
+		{Mode: "nearest", Scale: [2]float64{3, 3}},
+	}
+	for k, a := range want {
+		n := g.Node(fmt.Sprint(k + 1))
+		if n == nil || n.Op != graph.OpResize || len(n.Inputs) != 1 || n.Attr != a || n.Out.Channels != 4 {
+			t.Errorf("node %d: %+v, want a one-input Resize with %+v and 4 channels\n%s", k+1, n, a, g)
+		}
 	}
 }

@@ -24,7 +24,7 @@
 #     driver's free-memory figure;
 #  3. abnconvert verify --device cuda (and --device cpu) on each fixture,
 #     on act_net (ReLU6, SiLU, SE gate, Hardswish, GELU, Hardsigmoid) and
-#     the layout networks (shuffle, inception, head, seg) and sd
+#     the layout networks (shuffle, inception, head, seg, unet, upseq) and sd
 #     (StochasticDepth, row and batch, from a train-mode export), converted with
 #     --relu abn, structure from their ONNX exports;
 #  4. InPlace-ABN forward and backward throughput against the device's copy
@@ -169,11 +169,13 @@ for op in 13 17; do
 		--graph "fixtures/testdata/acts/act_net_op$op.onnx" --relu abn
 done
 # The layout ops (fixtures/shape_nets.py: channel shuffle, inception block
-# with Pad and ceil_mode, Linear+BatchNorm1d head, segmentation Resize).
-for n in shuffle inception head seg; do
+# with Pad and ceil_mode, Linear+BatchNorm1d head, segmentation Resize,
+# UNet and nn.Sequential Resize by a scale factor and to a fixed size).
+for n in shuffle inception head seg unet upseq; do
 	verify_row "$n (opset 13, --relu abn)" "fixtures/testdata/shape/$n.pth" \
 		--graph "fixtures/testdata/shape/${n}_op13.onnx" --relu abn
 done
+verify_row "upseq (whole module, --relu abn)" fixtures/testdata/shape/upseq_module.pth --relu abn
 # StochasticDepth, row mode on an MBConv residual branch and batch mode
 # (fixtures/stochdepth.py), structure from the train-mode export: verify's
 # training step draws the noise on the device and on the CPU alike.

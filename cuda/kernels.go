@@ -97,8 +97,8 @@ var kernelSpecs = [numKernels]kernelSpec{
 	kBinaryBwd:       {"bc_binary_bwd", "broadcast", "pppppli" + bgeoParams},
 	kBinarySum:       {"bc_binary_sum", "broadcast", "ppppllii" + bgeoParams},
 	kLayCopy:         {"lay_copy", "layout", "ppli" + bgeoParams},
-	kResize:          {"lay_resize", "layout", "ppliiiiiiiiii"},
-	kResizeBwd:       {"lay_resize_bwd", "layout", "ppliiiiiiiiii"},
+	kResize:          {"lay_resize", "layout", "ppliiiiiiiiiiffi"},
+	kResizeBwd:       {"lay_resize_bwd", "layout", "ppliiiiiiiiiiffi"},
 }
 
 func (k kernelID) String() string {

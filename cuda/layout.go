@@ -123,8 +123,11 @@ func (b *Backend) CopyBox(dst, src runtime.Tensor, dstOff, srcOff, size []int, a
 }
 
 // resizeArgs checks a resize of x (N, C, H, W) to y and returns its
-// kernel arguments after the element count.
-func resizeArgs(y, x *tensor, bilinear, align bool) ([]arg, error) {
+// kernel arguments after the element count: the steps between source
+// positions are the CPU backend's (runtime.Interp.Step), and exact says
+// whether nearest takes torch's nearest_idx special cases
+// (runtime.NearestIndex: always backward, forward for one channel).
+func resizeArgs(y, x *tensor, how runtime.Interp, adjoint bool) ([]arg, error) {
 	ys, xs := y.shape, x.shape
 	if len(ys) != 4 || len(xs) != 4 || ys[0] != xs[0] || ys[1] != xs[1] || xs[2] < 1 || xs[3] < 1 {
 		return nil, fmt.Errorf("cuda: resize of %v to %v", xs, ys)
@@ -141,15 +144,16 @@ func resizeArgs(y, x *tensor, bilinear, align bool) ([]arg, error) {
 		return nil, err
 	}
 	return []arg{i32(xs[2]), i32(xs[3]), i32(ys[2]), i32(ys[3]), u32(w.m), u32(w.s), u32(h.m), u32(h.s),
-		boolArg(bilinear), boolArg(align)}, nil
+		boolArg(how.Bilinear), boolArg(how.AlignCorners), f32(how.Step(0, xs[2], ys[2])), f32(how.Step(1, xs[3], ys[3])),
+		boolArg(adjoint || ys[1] == 1)}, nil
 }
 
-func (b *Backend) Resize(dst, src runtime.Tensor, bilinear, alignCorners bool) error {
+func (b *Backend) Resize(dst, src runtime.Tensor, how runtime.Interp) error {
 	t, err := b.nonNil("resize", dst, src)
 	if err != nil {
 		return err
 	}
-	geo, err := resizeArgs(t[0], t[1], bilinear, alignCorners)
+	geo, err := resizeArgs(t[0], t[1], how, false)
 	if err != nil {
 		return err
 	}
@@ -160,12 +164,12 @@ func (b *Backend) Resize(dst, src runtime.Tensor, bilinear, alignCorners bool) e
 	return b.launch(kResize, loopDims(n, b.sms), append([]arg{tp(t[0]), tp(t[1]), i64(n)}, geo...)...)
 }
 
-func (b *Backend) ResizeBackward(dx, dy runtime.Tensor, bilinear, alignCorners bool) error {
+func (b *Backend) ResizeBackward(dx, dy runtime.Tensor, how runtime.Interp) error {
 	t, err := b.nonNil("resize backward", dx, dy)
 	if err != nil {
 		return err
 	}
-	geo, err := resizeArgs(t[1], t[0], bilinear, alignCorners)
+	geo, err := resizeArgs(t[1], t[0], how, true)
 	if err != nil {
 		return err
 	}

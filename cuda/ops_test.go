@@ -274,20 +274,31 @@ func layoutCases() []opCase {
 		x, y     []int
 		bilinear bool
 		align    bool
+		scale    [2]float64
 	}{
-		{"nearest up", []int{2, 3, 4, 5}, []int{2, 3, 8, 10}, false, false},
-		{"nearest down", []int{2, 3, 7, 5}, []int{2, 3, 3, 2}, false, false},
-		{"bilinear up", []int{2, 3, 3, 4}, []int{2, 3, 7, 9}, true, false},
-		{"bilinear up, align corners", []int{2, 3, 3, 4}, []int{2, 3, 7, 9}, true, true},
-		{"bilinear down", []int{2, 3, 9, 7}, []int{2, 3, 4, 3}, true, false},
-		{"bilinear 1x1, align corners", []int{2, 3, 3, 4}, []int{2, 3, 1, 1}, true, true},
+		{"nearest up", []int{2, 3, 4, 5}, []int{2, 3, 8, 10}, false, false, [2]float64{}},
+		{"nearest down", []int{2, 3, 7, 5}, []int{2, 3, 3, 2}, false, false, [2]float64{}},
+		{"bilinear up", []int{2, 3, 3, 4}, []int{2, 3, 7, 9}, true, false, [2]float64{}},
+		{"bilinear up, align corners", []int{2, 3, 3, 4}, []int{2, 3, 7, 9}, true, true, [2]float64{}},
+		{"bilinear down", []int{2, 3, 9, 7}, []int{2, 3, 4, 3}, true, false, [2]float64{}},
+		{"bilinear 1x1, align corners", []int{2, 3, 3, 4}, []int{2, 3, 1, 1}, true, true, [2]float64{}},
+		// By a scale factor: torch steps by 1/scale, and nearest_idx's
+		// special cases (5 by 2.1 is 10) apply backward, and forward for
+		// one channel.
+		{"nearest by 1.5x0.6", []int{2, 3, 5, 7}, []int{2, 3, 7, 4}, false, false, [2]float64{1.5, 0.6}},
+		{"nearest by 2.1", []int{2, 3, 5, 4}, []int{2, 3, 10, 8}, false, false, [2]float64{2.1, 2.1}},
+		{"nearest by 2.1, one channel", []int{2, 1, 5, 4}, []int{2, 1, 10, 8}, false, false, [2]float64{2.1, 2.1}},
+		{"bilinear by 1.5", []int{2, 3, 5, 7}, []int{2, 3, 7, 10}, true, false, [2]float64{1.5, 1.5}},
+		{"bilinear by 0.5", []int{2, 3, 5, 7}, []int{2, 3, 2, 3}, true, false, [2]float64{0.5, 0.5}},
+		{"bilinear by 1.5, align corners", []int{2, 3, 5, 7}, []int{2, 3, 7, 10}, true, true, [2]float64{1.5, 1.5}},
 	} {
+		how := runtime.Interp{Bilinear: c.bilinear, AlignCorners: c.align, Scale: c.scale}
 		out = append(out,
 			opCase{"resize " + c.name, l(func(lo layoutOps, m *mk) error {
-				return lo.Resize(m.f(c.y...), m.f(c.x...), c.bilinear, c.align)
+				return lo.Resize(m.f(c.y...), m.f(c.x...), how)
 			}), "lay_resize"},
 			opCase{"resize " + c.name + " backward", l(func(lo layoutOps, m *mk) error {
-				return lo.ResizeBackward(m.f(c.x...), m.f(c.y...), c.bilinear, c.align)
+				return lo.ResizeBackward(m.f(c.x...), m.f(c.y...), how)
 			}), "lay_resize_bwd"})
 	}
 	return out
@@ -643,9 +654,11 @@ func TestLayoutErrors(t *testing.T) {
 		{"copy box ranks", func(lo layoutOps, m *mk) error {
 			return lo.CopyBox(m.f(2, 3), m.f(2, 3), []int{0}, []int{0, 0}, []int{2, 3}, false)
 		}},
-		{"resize of 3-d tensors", func(lo layoutOps, m *mk) error { return lo.Resize(m.f(2, 3, 8), m.f(2, 3, 4), true, false) }},
+		{"resize of 3-d tensors", func(lo layoutOps, m *mk) error {
+			return lo.Resize(m.f(2, 3, 8), m.f(2, 3, 4), runtime.Interp{Bilinear: true})
+		}},
 		{"resize across channels", func(lo layoutOps, m *mk) error {
-			return lo.ResizeBackward(m.f(2, 3, 4, 4), m.f(2, 4, 8, 8), false, false)
+			return lo.ResizeBackward(m.f(2, 3, 4, 4), m.f(2, 4, 8, 8), runtime.Interp{})
 		}},
 	}
 	for _, c := range cases {

@@ -117,3 +117,66 @@ print("ok")
 		t.Fatalf("running the emitted modules: %v\n%s\n%s", err, out, src)
 	}
 }
+
+// TestResizeEmitted emits a Resize by a scale factor (nearest by 2,
+// bilinear by 1.5 x 0.5 with align_corners) and to a fixed size, and
+// runs the module with real PyTorch against F.interpolate called as
+// nn.Upsample calls it, at two input sizes.
+func TestResizeEmitted(t *testing.T) {
+	b := newBuilder("resize", 3)
+	c := b.conv("conv", b.g.Input, 4, 3, 2, 1, 1, false)
+	u := b.op("up", graph.OpResize, graph.Attr{Mode: "nearest", Scale: [2]float64{2, 2}}, 4, c)
+	v := b.op("up2", graph.OpResize, graph.Attr{Mode: "bilinear", AlignCorners: true, Scale: [2]float64{1.5, 0.5}}, 4, u)
+	b.op("fixed", graph.OpResize, graph.Attr{Mode: "bilinear", Size: [2]int{5, 7}}, 4, v)
+	if err := b.g.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	src, err := Python(b.g, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`scale_factor=2.0, mode="nearest")`, `scale_factor=(1.5, 0.5), mode="bilinear", align_corners=True)`,
+		`size=(5, 7), mode="bilinear", align_corners=False)`} {
+		if !strings.Contains(string(src), want) {
+			t.Errorf("emitted module lacks %q:\n%s", want, src)
+		}
+	}
+	if testing.Short() {
+		t.Skip("runs PyTorch")
+	}
+	if err := exec.Command(python, "-c", "import torch").Run(); err != nil {
+		t.Skipf("%s cannot import torch: %v", python, err)
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "resize_mod.py"), src, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	script := `
+import sys, torch, torch.nn as nn, torch.nn.functional as F
+sys.path.insert(0, sys.argv[1])
+import resize_mod
+torch.manual_seed(0)
+m = resize_mod.Model().eval()
+w = m.state_dict()["conv.weight"]
+ref = nn.Sequential(nn.Upsample(scale_factor=2, mode="nearest"), nn.Upsample(scale_factor=(1.5, 0.5), mode="bilinear", align_corners=True),
+                    nn.Upsample(size=(5, 7), mode="bilinear", align_corners=False))
+for shape in ((2, 3, 8, 8), (1, 3, 11, 14)):
+    x = torch.randn(*shape)
+    with torch.no_grad():
+        got, want = m(x), ref(F.conv2d(x, w, stride=2, padding=1))
+    assert got.shape == want.shape, (shape, got.shape, want.shape)
+    e = (got - want).abs().max().item()
+    assert e < 1e-6, (shape, e)
+print("ok")
+`
+	standin, err := filepath.Abs(filepath.Join("..", "fixtures", "standin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(python, "-c", script, dir)
+	cmd.Env = append(os.Environ(), "PYTHONPATH="+standin, "PYTHONDONTWRITEBYTECODE=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "ok") {
+		t.Fatalf("running the emitted module: %v\n%s\n%s", err, out, src)
+	}
+}

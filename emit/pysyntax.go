@@ -42,6 +42,15 @@ func pyBool(b bool) string {
 
 func pyPair(p [2]int) string { return fmt.Sprintf("(%d, %d)", p[0], p[1]) }
 
+// pyScale renders a scale factor per spatial axis: one float when both
+// are equal, as nn.Upsample(scale_factor=2) is written, else a tuple.
+func pyScale(s [2]float64) string {
+	if s[0] == s[1] {
+		return pyFloat(s[0])
+	}
+	return fmt.Sprintf("(%s, %s)", pyFloat(s[0]), pyFloat(s[1]))
+}
+
 // signMask encodes a +1/-1 vector as a hexadecimal integer whose bit c is set
 // when channel c is negated: 2048 channels take at most 512 characters, where
 // a literal list would take ten times that. It also returns how many channels

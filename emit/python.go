@@ -352,13 +352,22 @@ func (p *program) nodeLine(n *graph.Node) (string, error) {
 		}
 		expr = fmt.Sprintf("torchvision.ops.stochastic_depth(%s, %s, %s, self.training)", in(0), pyFloat(a.P), pyStr(mode))
 	case graph.OpResize:
-		// To the second input's size at run time, as torchvision's
-		// segmentation models do: any input size works.
 		align := ""
 		if a.Mode != "nearest" {
 			align = ", align_corners=" + pyBool(a.AlignCorners)
 		}
-		expr = fmt.Sprintf("F.interpolate(%s, size=%s.shape[-2:], mode=%s%s)", in(0), in(1), pyStr(a.Mode), align)
+		switch {
+		case len(n.Inputs) == 2:
+			// To the second input's size at run time, as torchvision's
+			// segmentation models do: any input size works.
+			expr = fmt.Sprintf("F.interpolate(%s, size=%s.shape[-2:], mode=%s%s)", in(0), in(1), pyStr(a.Mode), align)
+		case a.Size != [2]int{}:
+			expr = fmt.Sprintf("F.interpolate(%s, size=%s, mode=%s%s)", in(0), pyPair(a.Size), pyStr(a.Mode), align)
+		default:
+			// nn.Upsample(scale_factor=...)'s call, recompute_scale_factor
+			// left None: torch steps through the input by 1/scale.
+			expr = fmt.Sprintf("F.interpolate(%s, scale_factor=%s, mode=%s%s)", in(0), pyScale(a.Scale), pyStr(a.Mode), align)
+		}
 	default:
 		var ok bool
 		if expr, ok = p.layoutExpr(n); !ok {

@@ -10,6 +10,7 @@ package graph
 
 import (
 	"fmt"
+	"math"
 	"sort"
 	"strings"
 )
@@ -57,10 +58,14 @@ const (
 	OpMul Op = "Mul"
 	OpSub Op = "Sub"
 	OpDiv Op = "Div"
-	// OpResize interpolates its first input to the spatial size of its
-	// second (the shape is read, the values are not): torchvision's
-	// segmentation models call F.interpolate(x, size=input.shape[-2:]).
-	// Attr.Mode is "nearest" or "bilinear", with Attr.AlignCorners.
+	// OpResize interpolates its first input (N, C, H, W). With two inputs
+	// it resizes to the spatial size of the second (the shape is read,
+	// the values are not): torchvision's segmentation models call
+	// F.interpolate(x, size=input.shape[-2:]). With one input it resizes
+	// by Attr.Scale (nn.Upsample(scale_factor=2), a UNet's decoder) or to
+	// the fixed Attr.Size (nn.Upsample(size=(h, w))), exactly one of the
+	// two set. Attr.Mode is "nearest" or "bilinear", with
+	// Attr.AlignCorners.
 	OpResize Op = "Resize"
 	// OpStochasticDepth is torchvision's StochasticDepth(p, mode): in
 	// training each sample (row of dimension 0) is zeroed with
@@ -140,6 +145,13 @@ type Attr struct {
 	// Resize; StochasticDepth ("" for row, StochasticBatch).
 	Mode         string `json:"mode,omitempty"`
 	AlignCorners bool   `json:"align_corners,omitempty"`
+	// Resize with one input: Scale is the scale factor per spatial axis
+	// (height, width) as torch was given it (recompute_scale_factor=None:
+	// the output is floor(in * Scale), and torch reads source positions
+	// through 1/Scale, not in/out, which differ for a non-integer
+	// factor); Size is a fixed output size (height, width).
+	Scale [2]float64 `json:"scale_factor,omitempty"`
+	Size  [2]int     `json:"size,omitempty"`
 	// Reshape, Transpose, Pad, Slice (graph/layout.go); a pointer so that
 	// Attr stays comparable. Read it with Lay.
 	Layout *Layout `json:"layout,omitempty"`
@@ -320,6 +332,11 @@ func (g *Graph) Validate() error {
 		if (n.Op == OpConcat || n.Op == OpAdd) && len(n.Inputs) == 0 {
 			return fmt.Errorf("graph: node %q (%s) has no inputs", n.Name, n.Op)
 		}
+		if n.Op == OpResize {
+			if err := n.Attr.checkResize(len(n.Inputs)); err != nil {
+				return fmt.Errorf("graph: node %q (%s): %w", n.Name, n.Op, err)
+			}
+		}
 		for _, in := range n.Inputs {
 			if !seen[in] {
 				return fmt.Errorf("graph: node %q reads %q before it is computed", n.Name, in.Name)
@@ -355,7 +372,55 @@ var arity = map[Op]int{
 	OpMaxPool: 1, OpAvgPool: 1, OpAdaptiveAvgPool: 1, OpFlatten: 1, OpLinear: 1, OpDropout: 1,
 	OpHardtanh: 1, OpSigmoid: 1, OpSiLU: 1, OpHardsigmoid: 1, OpHardswish: 1, OpGELU: 1,
 	OpMul: 2, OpSub: 2, OpDiv: 2,
-	OpResize: 2, OpStochasticDepth: 1,
+	OpResize: -1, OpStochasticDepth: 1,
+}
+
+// checkResize checks a Resize's inputs against its attributes: two
+// inputs (to the second's size) and neither Scale nor Size, or one input
+// and exactly one of them, every entry positive.
+func (a Attr) checkResize(inputs int) error {
+	scaled, sized := a.Scale != [2]float64{}, a.Size != [2]int{}
+	switch {
+	case inputs == 2 && (scaled || sized):
+		return fmt.Errorf("resizes to its second input's size and has a scale factor %v or size %v too", a.Scale, a.Size)
+	case inputs == 2:
+		return nil
+	case inputs != 1:
+		return fmt.Errorf("has %d inputs, want 1 (with a scale factor or size) or 2 (to the second's size)", inputs)
+	case scaled == sized:
+		return fmt.Errorf("one input, and %s", map[bool]string{true: "both a scale factor and a size", false: "neither a scale factor nor a size"}[scaled])
+	case scaled && !(a.Scale[0] > 0 && a.Scale[1] > 0 && a.Scale[0] < 1e6 && a.Scale[1] < 1e6):
+		return fmt.Errorf("scale factor %v: want positive and finite", a.Scale)
+	case sized && (a.Size[0] <= 0 || a.Size[1] <= 0):
+		return fmt.Errorf("size %v: want positive", a.Size)
+	}
+	return nil
+}
+
+// ResizeShape is the (N, C, H, W) a Resize gives for input x (and, with
+// two inputs, the shape ref of the second): for a scale factor
+// floor(in * scale), as torch computes it in double precision.
+func (a Attr) ResizeShape(x, ref []int) ([]int, error) {
+	if len(x) != 4 {
+		return nil, fmt.Errorf("resizes %v: want (N, C, H, W)", x)
+	}
+	switch {
+	case ref != nil:
+		if len(ref) < 2 {
+			return nil, fmt.Errorf("resizes %v to the size of %v: want a spatial size", x, ref)
+		}
+		return []int{x[0], x[1], ref[len(ref)-2], ref[len(ref)-1]}, nil
+	case a.Size != [2]int{}:
+		return []int{x[0], x[1], a.Size[0], a.Size[1]}, nil
+	}
+	out := []int{x[0], x[1], 0, 0}
+	for d := range 2 {
+		out[2+d] = int(math.Floor(float64(x[2+d]) * a.Scale[d]))
+		if out[2+d] < 1 {
+			return nil, fmt.Errorf("resizes %v by %v: an empty output", x, a.Scale)
+		}
+	}
+	return out, nil
 }
 
 // IsActivation reports whether op is an elementwise activation of one
@@ -453,6 +518,12 @@ func (a Attr) summary(op Op) string {
 	case OpFlatten:
 		return fmt.Sprintf("start_dim=%d", a.StartDim)
 	case OpResize:
+		switch {
+		case a.Scale != [2]float64{}:
+			return fmt.Sprintf("%s align_corners=%v scale=%v", a.Mode, a.AlignCorners, a.Scale)
+		case a.Size != [2]int{}:
+			return fmt.Sprintf("%s align_corners=%v size=%v", a.Mode, a.AlignCorners, a.Size)
+		}
 		return fmt.Sprintf("%s align_corners=%v", a.Mode, a.AlignCorners)
 	case OpStochasticDepth:
 		if a.Mode == StochasticBatch {

@@ -1,6 +1,7 @@
 package graph
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -97,5 +98,59 @@ func TestMemWeights(t *testing.T) {
 	v[0] = 9
 	if v2, _ := w.Values("a"); v2[0] != 1 {
 		t.Fatal("Values returned the store's own slice")
+	}
+}
+
+// TestResizeForms: Validate accepts a Resize to another tensor's size, by
+// a scale factor or to a fixed size, and nothing between them; ResizeShape
+// floors in * scale.
+func TestResizeForms(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		attr   Attr
+		two    bool
+		want   string // error substring, "" for valid
+		in     []int
+		output []int
+	}{
+		{"to another's size", Attr{Mode: "nearest"}, true, "", []int{2, 3, 5, 7}, []int{2, 3, 5, 7}},
+		{"by 2", Attr{Mode: "nearest", Scale: [2]float64{2, 2}}, false, "", []int{2, 3, 5, 7}, []int{2, 3, 10, 14}},
+		{"by 1.5 and 0.5", Attr{Mode: "bilinear", Scale: [2]float64{1.5, 0.5}}, false, "", []int{1, 3, 5, 7}, []int{1, 3, 7, 3}},
+		{"to 4x9", Attr{Mode: "bilinear", Size: [2]int{4, 9}}, false, "", []int{1, 3, 5, 7}, []int{1, 3, 4, 9}},
+		{"one input, no factor", Attr{Mode: "nearest"}, false, "neither", nil, nil},
+		{"both", Attr{Mode: "nearest", Scale: [2]float64{2, 2}, Size: [2]int{4, 4}}, false, "both", nil, nil},
+		{"two inputs and a factor", Attr{Mode: "nearest", Scale: [2]float64{2, 2}}, true, "second input's size", nil, nil},
+		{"negative factor", Attr{Mode: "nearest", Scale: [2]float64{2, -1}}, false, "positive", nil, nil},
+		{"zero size", Attr{Mode: "nearest", Size: [2]int{4, 0}}, false, "positive", nil, nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			g := New("r", 3)
+			ins := []*Value{g.Input}
+			if c.two {
+				ins = append(ins, g.Input)
+			}
+			g.Add("op", OpResize, c.attr, nil, ins...)
+			err := g.Validate()
+			if c.want != "" {
+				if err == nil || !strings.Contains(err.Error(), c.want) {
+					t.Fatalf("error %v, want one containing %q", err, c.want)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ref []int
+			if c.two {
+				ref = c.in
+			}
+			got, err := c.attr.ResizeShape(c.in, ref)
+			if err != nil || fmt.Sprint(got) != fmt.Sprint(c.output) {
+				t.Fatalf("shape %v (%v), want %v", got, err, c.output)
+			}
+		})
+	}
+	if _, err := (Attr{Scale: [2]float64{0.1, 1}}).ResizeShape([]int{1, 1, 5, 5}, nil); err == nil {
+		t.Error("a factor that leaves no row is accepted")
 	}
 }

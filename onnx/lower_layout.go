@@ -2,6 +2,8 @@ package onnx
 
 import (
 	"fmt"
+	"math"
+	"strconv"
 	"strings"
 
 	"github.com/abnconvert/abnconvert/graph"
@@ -150,14 +152,29 @@ func arith(op byte, a, b *sx) (*sx, error) {
 type symT struct {
 	shape []int
 	v     []*sx
+	// f holds the exact values of a constant, where known (a Constant,
+	// or a Concat or Cast of them): v truncates them to integers, and a
+	// Resize's scales are not integers.
+	f []float64
 }
 
 func constT(shape []int, vals []float64) *symT {
-	t := &symT{shape: shape}
+	t := &symT{shape: shape, f: append([]float64(nil), vals...)}
 	for _, x := range vals {
 		t.v = append(t.v, sc(int64(x)))
 	}
 	return t
+}
+
+// fractional reports whether t is a constant with a value that is not an
+// integer, which v cannot hold.
+func (t *symT) fractional() bool {
+	for _, x := range t.f {
+		if x != math.Trunc(x) {
+			return true
+		}
+	}
+	return false
 }
 
 func (t *symT) ints() ([]int64, bool) {
@@ -415,6 +432,19 @@ func (l *lowering) dim(v *graph.Value, axis int) *sx {
 // eval computes a shape op's symbolic output; nil when it cannot.
 func (l *lowering) eval(op string, p *pb.NodeProto, a attrs) (*symT, error) {
 	in := func(k int) *symT { s, _, _ := l.arg(p, k); return s }
+	switch op {
+	case "Identity", "Concat", "Cast", "Floor":
+		// These carry exact constant values (symT.f) through.
+	default:
+		// The others compute on v, the values truncated to integers:
+		// F.interpolate(recompute_scale_factor=True) multiplies a size
+		// by 1.5, which would read as 1. Such a computation stays opaque.
+		for k := range p.Input {
+			if s := in(k); s != nil && s.fractional() {
+				return nil, nil
+			}
+		}
+	}
 	ints := func(k int, name string) ([]int64, bool) {
 		if s := in(k); s != nil {
 			return s.ints()
@@ -423,8 +453,33 @@ func (l *lowering) eval(op string, p *pb.NodeProto, a attrs) (*symT, error) {
 		return v, v != nil
 	}
 	switch op {
-	case "Identity", "Cast", "Floor":
+	case "Identity":
 		return in(0), nil
+	case "Cast", "Floor":
+		x := in(0)
+		if x.f == nil {
+			return x, nil
+		}
+		out := &symT{shape: x.shape, v: x.v, f: make([]float64, len(x.f))}
+		switch to := a.int("to", 1); {
+		case op == "Floor":
+			for i, v := range x.f {
+				out.f[i] = math.Floor(v)
+			}
+		case to == 1 || to == 10 || to == 11 || to == 16: // float, float16, double, bfloat16
+			copy(out.f, x.f)
+		default: // to an integer: truncated, as v holds them
+			for i, v := range x.f {
+				out.f[i] = math.Trunc(v)
+			}
+		}
+		if op == "Floor" {
+			out.v = nil
+			for _, v := range out.f {
+				out.v = append(out.v, sc(int64(v)))
+			}
+		}
+		return out, nil
 	case "Shape":
 		var dims []*sx
 		if s := in(0); s != nil {
@@ -519,14 +574,19 @@ func (l *lowering) eval(op string, p *pb.NodeProto, a attrs) (*symT, error) {
 		return &symT{shape: shape, v: x.v}, nil
 	case "Concat":
 		out := &symT{}
-		n := 0
+		n, exact := 0, true
 		for k := range p.Input {
 			s := in(k)
 			if s == nil || len(s.shape) != 1 {
 				return nil, nil
 			}
 			out.v = append(out.v, s.v...)
+			out.f = append(out.f, s.f...)
+			exact = exact && s.f != nil
 			n += s.shape[0]
+		}
+		if !exact {
+			out.f = nil
 		}
 		out.shape = []int{n}
 		return out, nil
@@ -831,16 +891,17 @@ func (l *lowering) slice(n *graph.Node, p *pb.NodeProto, x *graph.Value, rank in
 	return nil
 }
 
-// resize lowers Resize(x, sizes) whose sizes are x's batch and channels
-// and another value's height and width: F.interpolate(x, size=r.shape[-2:]).
+// resize lowers Resize(x, roi, scales, sizes) as torch exports
+// F.interpolate: with sizes that are x's batch and channels and another
+// value's height and width (size=r.shape[-2:]), a Resize to that value's
+// size; with constant spatial sizes (size=(h, w)), a Resize to that size;
+// with constant scales of 1 for the batch and channels (scale_factor=s,
+// which torch writes as Concat(Constant [1, 1], Constant [s, s])), a
+// Resize by that factor. Sizes computed from x's own size
+// (recompute_scale_factor=True) are evaluated like any shape: x's height
+// and width times integers are a Resize by those factors; by a fraction
+// the computation stays opaque (see eval), and so does the Resize.
 func (l *lowering) resize(n *graph.Node, p *pb.NodeProto, a attrs, x *graph.Value) error {
-	if len(p.Input) < 4 || p.Input[3] == "" {
-		return l.why(n, "resized by scales: only F.interpolate(x, size=other.shape[-2:]) is modelled")
-	}
-	s, _, ok := l.arg(p, 3)
-	if !ok || s == nil || len(s.v) != 4 {
-		return nil
-	}
 	var attr graph.Attr
 	mode := a.str("mode", "nearest")
 	ct := a.str("coordinate_transformation_mode", "half_pixel")
@@ -858,19 +919,92 @@ func (l *lowering) resize(n *graph.Node, p *pb.NodeProto, a attrs, x *graph.Valu
 		// Same as half_pixel except for an output of size 1.
 		return nil
 	}
+	if len(p.Input) < 4 || p.Input[3] == "" {
+		return l.resizeByScales(n, p, attr, x)
+	}
+	s, _, ok := l.arg(p, 3)
+	if !ok || s == nil {
+		return l.why(n, "sizes computed by more than shape arithmetic (F.interpolate(scale_factor=f, recompute_scale_factor=True) with a non-integer f is not modelled)")
+	}
+	if len(s.v) != 4 {
+		return nil
+	}
 	same := func(e *sx, axis int) bool {
 		want := l.dim(x, axis)
 		return e.op == want.op && e.c == want.c && e.v == want.v && e.axis == want.axis
 	}
 	h, w := s.v[2], s.v[3]
-	if !same(s.v[0], 0) || !same(s.v[1], 1) || h.op != 'd' || w.op != 'd' || h.v != w.v {
-		return l.why(n, "the sizes are not another tensor's height and width")
+	if !same(s.v[0], 0) || !same(s.v[1], 1) {
+		return l.why(n, "the sizes change the batch or the channels")
+	}
+	if h.isConst() && w.isConst() {
+		if h.c <= 0 || w.c <= 0 || h.c > 1<<30 || w.c > 1<<30 {
+			return l.why(n, "sizes %d x %d", h.c, w.c)
+		}
+		attr.Size = [2]int{int(h.c), int(w.c)}
+		if nd := l.replace(n, graph.OpResize, attr, nil, x); nd.Out.Channels == 0 {
+			nd.Out.Channels = x.Channels
+		}
+		return nil
+	}
+	if fh, fw := l.multiple(x, h, 2), l.multiple(x, w, 3); fh > 0 && fw > 0 {
+		// x's own height and width times integers: recompute_scale_factor
+		// =True by an integer factor, for which in/out is 1/scale.
+		attr.Scale = [2]float64{float64(fh), float64(fw)}
+		if nd := l.replace(n, graph.OpResize, attr, nil, x); nd.Out.Channels == 0 {
+			nd.Out.Channels = x.Channels
+		}
+		return nil
+	}
+	if h.op != 'd' || w.op != 'd' || h.v != w.v {
+		return l.why(n, "the sizes are neither constants, nor another tensor's height and width, nor the input's times integers")
 	}
 	r := graph.Ranks(l.g, l.inRank)[h.v]
 	if r < 2 || h.axis != r-2 || w.axis != r-1 {
 		return nil
 	}
 	l.replace(n, graph.OpResize, attr, nil, x, h.v)
+	return nil
+}
+
+// multiple is k when e is dimension axis of x times a positive integer
+// constant k (floor(H * 2.0) evaluated), 0 otherwise.
+func (l *lowering) multiple(x *graph.Value, e *sx, axis int) int64 {
+	isDim := func(e *sx) bool { return e.op == 'd' && e.v == x && e.axis == axis }
+	switch {
+	case e.op == '*' && isDim(e.a) && e.b.isConst() && e.b.c > 0:
+		return e.b.c
+	case e.op == '*' && isDim(e.b) && e.a.isConst() && e.a.c > 0:
+		return e.a.c
+	}
+	return 0
+}
+
+// resizeByScales lowers a Resize by constant scales (1, 1, sh, sw). ONNX
+// holds them as float32: each is read back as the shortest decimal that
+// rounds to it (1.1, not 1.100000023841858), the double torch was given,
+// since torch steps through the input by 1/scale in double before
+// rounding to float.
+func (l *lowering) resizeByScales(n *graph.Node, p *pb.NodeProto, attr graph.Attr, x *graph.Value) error {
+	s, _, ok := l.arg(p, 2)
+	if !ok {
+		return l.why(n, "neither scales nor sizes")
+	}
+	if s == nil || s.f == nil {
+		return l.why(n, "the scales are not constants")
+	}
+	if len(s.f) != 4 || s.f[0] != 1 || s.f[1] != 1 {
+		return l.why(n, "scales %v: only (1, 1, h, w) resizing of (N, C, H, W) is modelled", s.f)
+	}
+	for d, f := range s.f[2:] {
+		if !(f > 0 && f < 1e6) {
+			return l.why(n, "scale %g", f)
+		}
+		attr.Scale[d], _ = strconv.ParseFloat(strconv.FormatFloat(float64(float32(f)), 'g', -1, 32), 64)
+	}
+	if nd := l.replace(n, graph.OpResize, attr, nil, x); nd.Out.Channels == 0 {
+		nd.Out.Channels = x.Channels
+	}
 	return nil
 }
 

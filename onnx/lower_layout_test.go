@@ -41,6 +41,12 @@ func TestLowerLayoutExports(t *testing.T) {
 		{name: "inception", want: map[graph.Op]int{graph.OpPad: 1, graph.OpMaxPool: 1, graph.OpAvgPool: 1, graph.OpConcat: 2, graph.OpSlice: 2}},
 		{name: "head", want: map[graph.Op]int{graph.OpLinear: 2, graph.OpBatchNorm: 2, graph.OpDropout: 1, graph.OpReshape: 2}, dropout: true},
 		{name: "seg", want: map[graph.Op]int{graph.OpResize: 2, graph.OpAdd: 1}},
+		// nn.Upsample(scale_factor=2) and F.interpolate(scale_factor=2):
+		// Resize with scales Concat(Constant [1, 1], Constant [2, 2]).
+		{name: "unet", want: map[graph.Op]int{graph.OpResize: 2, graph.OpConcat: 2}},
+		// By 2 nearest, by 2 bilinear with align_corners, to (12, 10):
+		// sizes Concat(Slice(Shape(x), 0, 2), Constant [12, 10]).
+		{name: "upseq", want: map[graph.Op]int{graph.OpResize: 3}},
 		// Constant folding made Linear(bias=False)'s weight an initializer
 		// "onnx::MatMul_25" of shape [in, out].
 		{name: "head", want: map[graph.Op]int{graph.OpLinear: 2, graph.OpBatchNorm: 2}, files: []string{"head_op13f.onnx"}, noSaved: true},
@@ -197,6 +203,13 @@ func TestLowerLayoutCases(t *testing.T) {
 			return name
 		}
 	}
+	f32 := func(name string, v ...float64) func(b *mb) string {
+		return func(b *mb) string {
+			b.init(name, []int64{int64(len(v))}, v...)
+			return name
+		}
+	}
+	noInput := func(*mb) string { return "" }
 	for _, tc := range []struct {
 		name  string
 		op    string
@@ -215,6 +228,14 @@ func TestLowerLayoutCases(t *testing.T) {
 		{"reshape constant", "Reshape", []func(b *mb) string{i64("shape", 1, 3, -1)}, nil, graph.OpReshape, ""},
 		{"mean", "ReduceMean", nil, []*pb.AttributeProto{aInts("axes", 2, 3), aInt("keepdims", 0)}, graph.OpReshape, ""},
 		{"mean over C", "ReduceMean", nil, []*pb.AttributeProto{aInts("axes", 1), aInt("keepdims", 0)}, "", "keepdims 0"},
+		{"resize by scales", "Resize", []func(b *mb) string{noInput, f32("scales", 1, 1, 1.5, 0.5)},
+			[]*pb.AttributeProto{aStr("mode", "nearest"), aStr("coordinate_transformation_mode", "asymmetric"), aStr("nearest_mode", "floor")}, graph.OpResize, ""},
+		{"resize bilinear by scales", "Resize", []func(b *mb) string{noInput, f32("scales", 1, 1, 2, 2)},
+			[]*pb.AttributeProto{aStr("mode", "linear"), aStr("coordinate_transformation_mode", "align_corners")}, graph.OpResize, ""},
+		{"resize by scales on channels", "Resize", []func(b *mb) string{noInput, f32("scales", 1, 2, 2, 2)},
+			[]*pb.AttributeProto{aStr("mode", "nearest"), aStr("coordinate_transformation_mode", "asymmetric"), aStr("nearest_mode", "floor")}, "", "only (1, 1, h, w)"},
+		{"resize cubic", "Resize", []func(b *mb) string{noInput, f32("scales", 1, 1, 2, 2)},
+			[]*pb.AttributeProto{aStr("mode", "cubic")}, "", "only nearest (asymmetric, floor) and bilinear"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := convBNRelu()
@@ -251,5 +272,90 @@ func TestLowerLayoutCases(t *testing.T) {
 				t.Errorf("running the lowered graph: %v", err)
 			}
 		})
+	}
+}
+
+// TestResizeScalesRead: a Resize by scales becomes a one-input Resize with
+// the factors torch was given (float32 1.1 read back as 1.1), and the
+// shape-only backend gives floor(in * scale).
+func TestResizeScalesRead(t *testing.T) {
+	b := convBNRelu()
+	b.m.Graph.Node[len(b.m.Graph.Node)-1].Output = []string{"r"}
+	b.init("scales", []int64{4}, 1, 1, float64(float32(1.1)), 0.5)
+	b.node("Resize", "up", []string{"r", "", "scales"}, []string{"y"}, aStr("mode", "linear"), aStr("coordinate_transformation_mode", "half_pixel"))
+	m, err := readBytes(t, b.bytes(t), ReadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.LowerLayout(); err != nil {
+		t.Fatal(err)
+	}
+	out := m.Graph.Output.Producer
+	if want := (graph.Attr{Mode: "bilinear", Scale: [2]float64{1.1, 0.5}}); out.Op != graph.OpResize || len(out.Inputs) != 1 || out.Attr != want || out.Out.Channels != 3 {
+		t.Fatalf("lowered to %s %+v (%d inputs, %d channels), want a one-input Resize %+v", out.Op, out.Attr, len(out.Inputs), out.Out.Channels, want)
+	}
+	e, err := runtime.New(m.Graph, m.Weights, runtime.NewShapes(), runtime.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	y, err := e.Forward(&runtime.HostTensor{Shape: []int{2, 2, 10, 7}}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(y.Shape) != "[2 3 11 3]" {
+		t.Errorf("output %v, want [2 3 11 3]", y.Shape)
+	}
+}
+
+// TestResizeRecomputedFraction: F.interpolate(scale_factor=1.5,
+// recompute_scale_factor=True) exports sizes computed as floor(H * 1.5):
+// the shape computation must not read 1.5 as the integer 1 (which made it
+// a Resize to the input's own size): it stays opaque, refused by name.
+// By an integer factor it is a Resize by that factor.
+func TestResizeRecomputedFraction(t *testing.T) {
+	for _, scale := range []float64{1.5, 1, 2} {
+		b := convBNRelu()
+		b.m.Graph.Node[len(b.m.Graph.Node)-1].Output = []string{"r"}
+		i64 := func(name string, v ...int64) string {
+			dt := dtInt64
+			b.m.Graph.Initializer = append(b.m.Graph.Initializer, &pb.TensorProto{Name: strp(name), Dims: []int64{int64(len(v))}, DataType: &dt, Int64Data: v})
+			return name
+		}
+		b.init("factor", []int64{2}, scale, scale)
+		b.node("Shape", "shape", []string{"r"}, []string{"s"})
+		b.node("Slice", "nc", []string{"s", i64("z", 0), i64("two", 2)}, []string{"nc"})
+		b.node("Slice", "hw", []string{"s", "two", i64("four", 4)}, []string{"hw"})
+		b.node("Cast", "hwf", []string{"hw"}, []string{"hwf"}, aInt("to", 1))
+		b.node("Mul", "mul", []string{"hwf", "factor"}, []string{"m"})
+		b.node("Floor", "floor", []string{"m"}, []string{"fl"})
+		b.node("Cast", "hwi", []string{"fl"}, []string{"hwi"}, aInt("to", 7))
+		b.node("Concat", "sizes", []string{"nc", "hwi"}, []string{"sizes"}, aInt("axis", 0))
+		b.node("Resize", "up", []string{"r", "", "", "sizes"}, []string{"y"}, aStr("mode", "nearest"),
+			aStr("coordinate_transformation_mode", "asymmetric"), aStr("nearest_mode", "floor"))
+		m, err := readBytes(t, b.bytes(t), ReadOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := m.LowerLayout(); err != nil {
+			t.Fatal(err)
+		}
+		out := m.Graph.Output.Producer
+		switch scale {
+		case 1:
+			// By 1: a Resize to r's own size, as before.
+			if out.Op != graph.OpResize || len(out.Inputs) != 2 {
+				t.Errorf("by 1: lowered to %s with %d inputs, want a Resize to r's size", out.Op, len(out.Inputs))
+			}
+			continue
+		case 2:
+			if want := (graph.Attr{Mode: "nearest", Scale: [2]float64{2, 2}}); out.Op != graph.OpResize || len(out.Inputs) != 1 || out.Attr != want {
+				t.Errorf("by 2: lowered to %s %+v with %d inputs, want a one-input Resize %+v", out.Op, out.Attr, len(out.Inputs), want)
+			}
+			continue
+		}
+		if o := fmt.Sprint(m.Opaque()); !IsOpaque(out.Op) || !strings.Contains(o, "Resize x1 (sizes computed by more than shape arithmetic (F.interpolate(scale_factor=f, recompute_scale_factor=True)") {
+			t.Errorf("by %g: lowered to %s %+v (opaque: %s), want it left opaque, and why", scale, out.Op, out.Attr, o)
+		}
 	}
 }

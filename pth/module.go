@@ -47,6 +47,8 @@ var ModuleClasses = []string{
 	"torch.nn.modules.activation.Sigmoid",
 	"torch.nn.modules.activation.SiLU",
 	"torch.nn.modules.upsampling.Upsample",
+	"torch.nn.modules.upsampling.UpsamplingNearest2d",
+	"torch.nn.modules.upsampling.UpsamplingBilinear2d",
 	"torchvision.models.resnet.ResNet",
 	"torchvision.models.resnet.BasicBlock",
 	"torchvision.models.resnet.Bottleneck",

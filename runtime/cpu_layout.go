@@ -2,7 +2,6 @@ package runtime
 
 import (
 	"fmt"
-	"math"
 )
 
 // strides are the row-major element strides of shape.
@@ -112,28 +111,25 @@ func (c *cpu) CopyBox(dst, src Tensor, dstOff, srcOff, size []int, add bool) err
 	}
 }
 
-// resizeTaps are, for each output position along one axis, the two input
+// resizeTaps are, for each output position along axis, the two input
 // positions it reads and the weight of the second, as torch's upsample
 // kernels compute them (aten/src/ATen/native/UpSample.h): nearest reads
-// floor(o * in/out); bilinear reads around (o + 0.5) * in/out - 0.5,
-// clamped at 0, or o * (in-1)/(out-1) with align_corners.
-func resizeTaps(in, out int, bilinear, align bool) (i0, i1 []int, l1 []float32) {
+// NearestIndex (exact as it says); bilinear reads around (o + 0.5) * step - 0.5, clamped at
+// 0, or o * step with align_corners (Interp.Step).
+func resizeTaps(axis, in, out int, how Interp, exact bool) (i0, i1 []int, l1 []float32) {
 	i0, i1, l1 = make([]int, out), make([]int, out), make([]float32, out)
+	step := how.Step(axis, in, out)
 	for o := 0; o < out; o++ {
-		if !bilinear {
-			scale := float32(in) / float32(out)
-			s := int(math.Floor(float64(float32(o) * scale)))
-			i0[o], i1[o] = min(s, in-1), min(s, in-1)
+		if !how.Bilinear {
+			s := NearestIndex(o, in, out, step, exact)
+			i0[o], i1[o] = s, s
 			continue
 		}
 		var src float32
-		if align {
-			if out > 1 {
-				src = float32(in-1) / float32(out-1) * float32(o)
-			}
+		if how.AlignCorners {
+			src = step * float32(o)
 		} else {
-			scale := float32(in) / float32(out)
-			src = max(scale*(float32(o)+0.5)-0.5, 0)
+			src = max(step*(float32(o)+0.5)-0.5, 0)
 		}
 		a := min(int(src), in-1)
 		b := a
@@ -145,16 +141,16 @@ func resizeTaps(in, out int, bilinear, align bool) (i0, i1 []int, l1 []float32) 
 	return i0, i1, l1
 }
 
-func (c *cpu) Resize(dst, src Tensor, bilinear, align bool) error {
-	return c.resize(dst, src, bilinear, align, false)
+func (c *cpu) Resize(dst, src Tensor, how Interp) error {
+	return c.resize(dst, src, how, false)
 }
 
-func (c *cpu) ResizeBackward(dx, dy Tensor, bilinear, align bool) error {
-	return c.resize(dy, dx, bilinear, align, true)
+func (c *cpu) ResizeBackward(dx, dy Tensor, how Interp) error {
+	return c.resize(dy, dx, how, true)
 }
 
 // resize interpolates x into y, or (adjoint) scatters y's gradient into x.
-func (c *cpu) resize(y, x Tensor, bilinear, align, adjoint bool) error {
+func (c *cpu) resize(y, x Tensor, how Interp, adjoint bool) error {
 	if err := checkResize(y, x); err != nil {
 		return fmt.Errorf("cpu: %w", err)
 	}
@@ -166,8 +162,9 @@ func (c *cpu) resize(y, x Tensor, bilinear, align, adjoint bool) error {
 	ys, xs := y.Shape(), x.Shape()
 	planes := ys[0] * ys[1]
 	ih, iw, oh, ow := xs[2], xs[3], ys[2], ys[3]
-	h0, h1, hl := resizeTaps(ih, oh, bilinear, align)
-	w0, w1, wl := resizeTaps(iw, ow, bilinear, align)
+	exact := adjoint || ys[1] == 1 // see NearestIndex
+	h0, h1, hl := resizeTaps(0, ih, oh, how, exact)
+	w0, w1, wl := resizeTaps(1, iw, ow, how, exact)
 	yv, xv := f[0], f[1]
 	if adjoint {
 		for i := range xv {

@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"fmt"
+	"math"
 
 	"github.com/abnconvert/abnconvert/failure"
 	"github.com/abnconvert/abnconvert/graph"
@@ -23,10 +24,66 @@ type Layout interface {
 	CopyBox(dst, src Tensor, dstOff, srcOff, size []int, add bool) error
 	// Resize interpolates src (N, C, H, W) to dst's spatial size as
 	// torch's F.interpolate does (nearest, or bilinear with or without
-	// align_corners).
-	Resize(dst, src Tensor, bilinear, alignCorners bool) error
+	// align_corners), reading source positions as how says.
+	Resize(dst, src Tensor, how Interp) error
 	// ResizeBackward is Resize's adjoint: dx (overwritten) from dy.
-	ResizeBackward(dx, dy Tensor, bilinear, alignCorners bool) error
+	ResizeBackward(dx, dy Tensor, how Interp) error
+}
+
+// Interp says how Resize maps output positions to input positions.
+type Interp struct {
+	Bilinear, AlignCorners bool
+	// Scale is the scale factor per spatial axis (height, width) torch was
+	// given, zero when it was given an output size (or another tensor's):
+	// torch then steps through the input by 1/Scale rather than in/out,
+	// which differ when in * Scale is not an integer.
+	Scale [2]float64
+}
+
+// InterpOf is the Interp of a Resize node's attributes.
+func InterpOf(a graph.Attr) Interp {
+	return Interp{Bilinear: a.Mode == "bilinear", AlignCorners: a.AlignCorners, Scale: a.Scale}
+}
+
+// Step is the distance in the input between two output positions along
+// axis (0 height, 1 width) when resizing in to out, as torch's upsample
+// kernels compute it in float (aten/src/ATen/native/UpSample.h,
+// area_pixel_compute_scale and compute_scales_value): (in-1)/(out-1) with
+// align_corners, else float(1/scale) when a scale factor was given, else
+// in/out. Backends share it so that they read the same positions.
+func (h Interp) Step(axis, in, out int) float32 {
+	if h.Bilinear && h.AlignCorners {
+		if out > 1 {
+			return float32(in-1) / float32(out-1)
+		}
+		return 0
+	}
+	if s := h.Scale[axis]; s > 0 {
+		return float32(1.0 / s)
+	}
+	return float32(in) / float32(out)
+}
+
+// NearestIndex is the input position output position o reads when
+// resizing in to out with the nearest mode: floor(o * step), clamped.
+// With exact, it is torch 1.13's nearest_idx, which copies when out equals
+// in and halves when out is twice in, whatever the scale factor: torch's
+// backward always uses it, its forward only in the channels-last kernel
+// (which a contiguous tensor of one channel takes); the forward of other
+// tensors (TensorIterator's HelperInterpNearest) does not. The two differ
+// when a scale factor other than 1 or 2 gives such a size (2.1 for an
+// input of 5: torch's forward reads row 0 three times, its backward sends
+// the gradient of output row 2 to input row 1). Torch 2.6 takes them in
+// every forward: there, and only in such cases, its results differ from
+// 1.13's and the runtime's.
+func NearestIndex(o, in, out int, step float32, exact bool) int {
+	switch {
+	case exact && out == in:
+		return o
+	case exact && out == 2*in:
+		return o >> 1
+	}
+	return min(int(math.Floor(float64(float32(o)*step))), in-1)
 }
 
 // isLayoutOp reports whether the executor runs nd through layoutForward:
@@ -97,14 +154,15 @@ func layoutShape(nd *graph.Node, ins [][]int) (out []int, ok bool, err error) {
 		out[ax] = hi - lo
 		return out, true, nil
 	case graph.OpResize:
-		r := ins[1]
-		if len(x) != 4 || len(r) < 2 {
-			return nil, true, fmt.Errorf("resizes %v to the size of %v: want (N, C, H, W) and a spatial size", x, r)
-		}
 		if a.Mode != "nearest" && a.Mode != "bilinear" {
 			return nil, true, fmt.Errorf("resize mode %q: want nearest or bilinear", a.Mode)
 		}
-		return []int{x[0], x[1], r[len(r)-2], r[len(r)-1]}, true, nil
+		var ref []int
+		if len(ins) > 1 {
+			ref = ins[1]
+		}
+		out, err = a.ResizeShape(x, ref)
+		return out, true, err
 	case graph.OpConcat:
 		ax := normAxis(a.Axis, len(x))
 		if ax < 0 || ax >= len(x) {
@@ -200,7 +258,7 @@ func (e *Executor) layoutForward(r *run, i int, nd *graph.Node) error {
 	case graph.OpSlice:
 		return l.CopyBox(y, x, zeros(len(y.Shape())), sliceOffset(nd, x.Shape()), y.Shape(), false)
 	case graph.OpResize:
-		return l.Resize(y, x, a.Mode == "bilinear", a.AlignCorners)
+		return l.Resize(y, x, InterpOf(a))
 	case graph.OpConcat:
 		ax := normAxis(a.Axis, len(y.Shape()))
 		off := zeros(len(y.Shape()))
@@ -262,7 +320,7 @@ func (e *Executor) layoutBackward(r *run, i int, nd *graph.Node, dy Tensor) erro
 			err = l.CopyBox(dx, dy, sliceOffset(nd, dx.Shape()), zeros(len(dx.Shape())), dy.Shape(), false)
 		}
 	case graph.OpResize:
-		err = l.ResizeBackward(dx, dy, a.Mode == "bilinear", a.AlignCorners)
+		err = l.ResizeBackward(dx, dy, InterpOf(a))
 	default:
 		return failure.Internalf("op %s is not a layout op", nd.Op)
 	}
@@ -305,11 +363,11 @@ func (s *shapes) CopyBox(dst, src Tensor, dstOff, srcOff, size []int, add bool) 
 	return checkBox(dst.Shape(), src.Shape(), dstOff, srcOff, size)
 }
 
-func (s *shapes) Resize(dst, src Tensor, bilinear, align bool) error {
+func (s *shapes) Resize(dst, src Tensor, how Interp) error {
 	return checkResize(dst, src)
 }
 
-func (s *shapes) ResizeBackward(dx, dy Tensor, bilinear, align bool) error {
+func (s *shapes) ResizeBackward(dx, dy Tensor, how Interp) error {
 	return checkResize(dy, dx)
 }
 

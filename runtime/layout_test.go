@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"math"
 	"reflect"
 	"testing"
 
@@ -141,11 +142,12 @@ func TestLayoutRefusals(t *testing.T) {
 		{"empty slice", graph.OpSlice, graph.Attr{Axis: 1, Layout: &graph.Layout{Start: 2, End: 2}}},
 		{"bad view", graph.OpReshape, graph.Attr{Layout: &graph.Layout{Shape: []graph.Dim{graph.RefDim(0, 0), graph.ConstDim(5)}}}},
 		{"bad mode", graph.OpResize, graph.Attr{Mode: "bicubic"}},
+		{"scaled to nothing", graph.OpResize, graph.Attr{Mode: "nearest", Scale: [2]float64{0.2, 1}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			g := graph.New("r", 3)
 			ins := []*graph.Value{g.Input}
-			if tc.op == graph.OpResize {
+			if tc.op == graph.OpResize && tc.attr.Scale == [2]float64{} {
 				ins = append(ins, g.Input)
 			}
 			g.Add("op", tc.op, tc.attr, nil, ins...)
@@ -163,4 +165,101 @@ func TestLayoutRefusals(t *testing.T) {
 			}
 		})
 	}
+}
+
+// resizeRef resizes a golden case's input and scatters its upstream
+// gradient back with resizeTaps, with the tap rule given (exactFwd,
+// exactBwd: NearestIndex's exact), and returns the largest relative
+// error of the output and of the input gradient against PyTorch's.
+func resizeRef(c layoutCase, how Interp, exactFwd, exactBwd bool) (outErr, dxErr float64) {
+	xs, ys := c.Input.Shape, c.Output.Shape
+	planes, ih, iw, oh, ow := xs[0]*xs[1], xs[2], xs[3], ys[2], ys[3]
+	y := make([]float64, len(c.Output.Values))
+	dx := make([]float64, len(c.Input.Values))
+	for pass, exact := range []bool{exactFwd, exactBwd} {
+		h0, h1, hl := resizeTaps(0, ih, oh, how, exact)
+		w0, w1, wl := resizeTaps(1, iw, ow, how, exact)
+		for p := 0; p < planes; p++ {
+			for i := 0; i < oh; i++ {
+				for j := 0; j < ow; j++ {
+					o := (p*oh+i)*ow + j
+					taps := [4]int{h0[i]*iw + w0[j], h0[i]*iw + w1[j], h1[i]*iw + w0[j], h1[i]*iw + w1[j]}
+					lh, lw := float64(hl[i]), float64(wl[j])
+					wts := [4]float64{(1 - lh) * (1 - lw), (1 - lh) * lw, lh * (1 - lw), lh * lw}
+					for k, t := range taps {
+						if pass == 0 {
+							y[o] += wts[k] * c.Input.Values[p*ih*iw+t]
+						} else {
+							dx[p*ih*iw+t] += wts[k] * c.Dout[o]
+						}
+					}
+				}
+			}
+		}
+	}
+	return maxRel(y, c.Output.Values), maxRel(dx, c.Dx)
+}
+
+func maxRel(got, want []float64) float64 {
+	scale, worst := 0.0, 0.0
+	for _, w := range want {
+		scale = max(scale, math.Abs(w))
+	}
+	for i := range want {
+		worst = max(worst, math.Abs(got[i]-want[i])/max(scale, 1e-30))
+	}
+	return worst
+}
+
+// TestResizeGoldensDiscriminate checks that the scale-factor goldens can
+// fail: the rule the runtime follows reproduces each, and each plausible
+// wrong rule (stepping by in/out instead of 1/scale; nearest_idx's
+// special cases in the forward of a many-channel tensor, or not in the
+// backward) misses at least one.
+func TestResizeGoldensDiscriminate(t *testing.T) {
+	var gold struct {
+		Cases []layoutCase `json:"cases"`
+	}
+	readGolden(t, "layout_ops.json.gz", &gold)
+	type rule struct {
+		name   string
+		interp func(Interp) Interp
+		exact  func(channels int) (fwd, bwd bool)
+	}
+	torchRule := func(ch int) (bool, bool) { return ch == 1, true }
+	same := func(h Interp) Interp { return h }
+	rules := []rule{
+		{"torch 1.13", same, torchRule},
+		{"in/out step", func(h Interp) Interp { h.Scale = [2]float64{}; return h }, torchRule},
+		{"exact forward", same, func(int) (bool, bool) { return true, true }},
+		{"inexact forward", same, func(int) (bool, bool) { return false, true }},
+		{"inexact backward", same, func(ch int) (bool, bool) { return ch == 1, false }},
+	}
+	missed := map[string]int{}
+	n := 0
+	for _, c := range gold.Cases {
+		if c.Op != string(graph.OpResize) || c.Graph != "single" || c.Attr.Scale == [2]float64{} {
+			continue
+		}
+		n++
+		for _, r := range rules {
+			fwd, bwd := r.exact(c.Input.Shape[1])
+			oe, de := resizeRef(c, r.interp(InterpOf(c.Attr)), fwd, bwd)
+			if oe > 1e-5 || de > 1e-5 {
+				missed[r.name]++
+				if r.name == "torch 1.13" {
+					t.Errorf("%s: output error %.2g, input gradient error %.2g", c.Name, oe, de)
+				}
+			}
+		}
+	}
+	if n < 15 {
+		t.Fatalf("only %d scale-factor resize cases", n)
+	}
+	for _, r := range rules[1:] {
+		if missed[r.name] == 0 {
+			t.Errorf("rule %q reproduces every scale-factor golden: they cannot tell it from torch's", r.name)
+		}
+	}
+	t.Logf("%d cases; wrong rules missed: %v", n, missed)
 }

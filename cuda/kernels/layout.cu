@@ -22,23 +22,30 @@ KERNEL void lay_copy(float* y, const float* x, i64 n, int add,
 }
 
 // rtap is runtime's resizeTaps for output position o of out along an axis
-// of in: the two source positions and the second's weight. The products
-// and sums are rounded one by one (no fused multiply-add), as the CPU
-// backend rounds them, so that a position on an integer stays there.
-DEV void rtap(int o, int in, int out, int bilinear, int align, int* i0, int* i1, float* l1) {
+// of in: the two source positions and the second's weight. step is the
+// host's runtime.Interp.Step (1/scale for a scale factor, in/out, or
+// (in-1)/(out-1) with align corners); exact takes nearest_idx's special
+// cases (runtime.NearestIndex). The products and sums are rounded one by
+// one (no fused multiply-add), as the CPU backend rounds them, so that a
+// position on an integer stays there.
+DEV void rtap(int o, int in, int out, float step, int bilinear, int align, int exact, int* i0, int* i1, float* l1) {
 	if (!bilinear) {
-		float scale = (float)in / (float)out;
-		int s = (int)floorf(__fmul_rn((float)o, scale));
+		int s;
+		if (exact && out == in)
+			s = o;
+		else if (exact && out == 2 * in)
+			s = o >> 1;
+		else
+			s = (int)floorf(__fmul_rn((float)o, step));
 		*i0 = *i1 = imin(s, in - 1);
 		*l1 = 0.f;
 		return;
 	}
 	float src = 0.f;
 	if (align) {
-		if (out > 1) src = __fmul_rn((float)(in - 1) / (float)(out - 1), (float)o);
+		src = __fmul_rn(step, (float)o);
 	} else {
-		float scale = (float)in / (float)out;
-		src = __fadd_rn(__fmul_rn(scale, __fadd_rn((float)o, 0.5f)), -0.5f);
+		src = __fadd_rn(__fmul_rn(step, __fadd_rn((float)o, 0.5f)), -0.5f);
 		src = src > 0.f ? src : 0.f;
 	}
 	int a = imin((int)src, in - 1);
@@ -48,16 +55,17 @@ DEV void rtap(int o, int in, int out, int bilinear, int align, int* i0, int* i1,
 }
 
 // y (planes of oh x ow) interpolated from x (planes of ih x iw); n is y's
-// element count, (wm, ws) divide by ow and (hm, hs) by oh.
+// element count, (wm, ws) divide by ow and (hm, hs) by oh; sh and sw are
+// the steps along the height and the width.
 KERNEL void lay_resize(float* y, const float* x, i64 n, int ih, int iw, int oh, int ow, unsigned wm, unsigned ws,
-	unsigned hm, unsigned hs, int bilinear, int align) {
+	unsigned hm, unsigned hs, int bilinear, int align, float sh, float sw, int exact) {
 	GRID_LOOP(v, n) {
 		unsigned q = fdiv((unsigned)v, wm, ws), j = (unsigned)v - q * ow;
 		unsigned p = fdiv(q, hm, hs), i = q - p * oh;
 		int a, b, u, w;
 		float lh, lw;
-		rtap(i, ih, oh, bilinear, align, &a, &b, &lh);
-		rtap(j, iw, ow, bilinear, align, &u, &w, &lw);
+		rtap(i, ih, oh, sh, bilinear, align, exact, &a, &b, &lh);
+		rtap(j, iw, ow, sw, bilinear, align, exact, &u, &w, &lw);
 		const float* xp = x + (i64)p * ih * iw;
 		y[v] = (1.f - lh) * ((1.f - lw) * xp[a * iw + u] + lw * xp[a * iw + w]) +
 			lh * ((1.f - lw) * xp[b * iw + u] + lw * xp[b * iw + w]);
@@ -68,14 +76,14 @@ KERNEL void lay_resize(float* y, const float* x, i64 n, int ih, int iw, int oh, 
 // into dx, which the host zeroed. Taps of one output element can coincide
 // (nearest, or an edge), so every add is atomic.
 KERNEL void lay_resize_bwd(float* dx, const float* dy, i64 n, int ih, int iw, int oh, int ow, unsigned wm,
-	unsigned ws, unsigned hm, unsigned hs, int bilinear, int align) {
+	unsigned ws, unsigned hm, unsigned hs, int bilinear, int align, float sh, float sw, int exact) {
 	GRID_LOOP(v, n) {
 		unsigned q = fdiv((unsigned)v, wm, ws), j = (unsigned)v - q * ow;
 		unsigned p = fdiv(q, hm, hs), i = q - p * oh;
 		int a, b, u, w;
 		float lh, lw;
-		rtap(i, ih, oh, bilinear, align, &a, &b, &lh);
-		rtap(j, iw, ow, bilinear, align, &u, &w, &lw);
+		rtap(i, ih, oh, sh, bilinear, align, exact, &a, &b, &lh);
+		rtap(j, iw, ow, sw, bilinear, align, exact, &u, &w, &lw);
 		float* xp = dx + (i64)p * ih * iw;
 		float g = dy[v];
 		atomicAdd(xp + a * iw + u, (1.f - lh) * (1.f - lw) * g);
