@@ -174,32 +174,6 @@ func (f *File) Write(p []byte) (int, error) {
 	return n, f.err
 }
 
-// ReadFrom appends what r reads to the staged file. From an *os.File, or an
-// io.LimitedReader of one, the kernel copies the bytes file to file
-// (copy_file_range(2), what cp does) without passing them through this
-// process. Errors are as Write's.
-func (f *File) ReadFrom(r io.Reader) (int64, error) {
-	if f.err != nil {
-		return 0, f.err
-	}
-	if f.bw == nil {
-		// An injected fault strikes in Write: copy through it.
-		return io.Copy(writerOnly{f}, r)
-	}
-	if err := f.bw.Flush(); err != nil {
-		f.err = cause(err)
-		return 0, f.err
-	}
-	n, err := f.f.ReadFrom(r)
-	if err != nil {
-		f.err = cause(err)
-	}
-	return n, f.err
-}
-
-// writerOnly hides a writer's ReadFrom from io.Copy.
-type writerOnly struct{ io.Writer }
-
 // Name is the destination path.
 func (f *File) Name() string { return f.path }
 

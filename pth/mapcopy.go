@@ -10,11 +10,10 @@ import (
 	"github.com/abnconvert/abnconvert/negate"
 )
 
-// copyMapped copies a stored record into the archive, a window at a time:
-// the kernel copies the bytes page cache to page cache (copy_file_range(2),
-// through zipWriter.copyFile), where read(2) into a buffer and write(2) out
-// of it copy every byte twice; a memory map of the window gives the bytes
-// to checksum and to flip. The record's CRC is checked on the way (each byte is read
+// copyMapped copies a stored record into the archive from a memory map of
+// the input, a window at a time: write(2) then copies page cache to page
+// cache once, where read(2) into a buffer and write(2) out of it copy every
+// byte twice. The record's CRC is checked on the way (each byte is read
 // once: the output's CRC is combined from the same chunk CRCs, recomputed
 // only for chunks the sign flips of t's pending negations touch, which are
 // applied in a scratch copy). The windows are unmapped as the copy moves
@@ -75,40 +74,19 @@ func (c *Checkpoint) copyMapped(z *zipWriter, name string, st *Storage, t *Tenso
 		}()
 		outSums := make([]uint32, nchunks)
 		flipped := make([]bool, nchunks)
-		// Chunks the flips leave alone are copied by the kernel, a run of
-		// them at a time (zipWriter.copyFile); the others from a scratch
-		// copy with the sign bits flipped.
-		run := int64(-1)
-		copyRun := func(end int64) error {
-			if run < 0 {
-				return nil
-			}
-			at := run
-			run = -1
-			return z.copyFile(c.f, st.rec.offset+at, end-at)
-		}
 		for k := 0; k < nchunks && err == nil; k++ {
 			b := data[int64(k)*chunk : min(int64(k+1)*chunk, n)]
 			pos := off + int64(k)*chunk
-			if chans == nil || !l.Touches(chans, pos, int64(len(b))) {
-				if run < 0 {
-					run = pos
-				}
-				continue
+			out := b
+			if chans != nil && l.Touches(chans, pos, int64(len(b))) {
+				out = z.buf[:len(b)]
+				copy(out, b)
+				l.Apply(chans, pos, out)
+				outSums[k], flipped[k] = crc32.ChecksumIEEE(out), true
 			}
-			if err = copyRun(pos); err != nil {
-				break
-			}
-			out := z.buf[:len(b)]
-			copy(out, b)
-			l.Apply(chans, pos, out)
-			outSums[k], flipped[k] = crc32.ChecksumIEEE(out), true
 			var w int
 			w, err = z.w.Write(out)
 			z.off += int64(w)
-		}
-		if err == nil {
-			err = copyRun(off + n)
 		}
 		if r := <-done; r != nil {
 			panic(r) // a fault in the map: recovered above as a read error

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
-	"os"
 )
 
 // zipWriter writes an archive the way torch's own writer lays it out:
@@ -50,29 +49,6 @@ func newZipWriter(w io.Writer) *zipWriter {
 func (z *zipWriter) write(b []byte) error {
 	n, err := z.w.Write(b)
 	z.off += int64(n)
-	return err
-}
-
-// copyFile appends n bytes of src from offset off, and moves src's file
-// offset (which nothing else reads: the checkpoint is read with ReadAt and
-// maps). A writer with ReadFrom (output.File) has the kernel copy them.
-// A source shorter than that is an error: the input changed while read.
-func (z *zipWriter) copyFile(src *os.File, off, n int64) error {
-	if _, err := src.Seek(off, io.SeekStart); err != nil {
-		return err
-	}
-	r := &io.LimitedReader{R: src, N: n}
-	var got int64
-	var err error
-	if rf, ok := z.w.(io.ReaderFrom); ok {
-		got, err = rf.ReadFrom(r)
-	} else {
-		got, err = io.CopyBuffer(z.w, r, z.buf)
-	}
-	z.off += got
-	if err == nil && got != n {
-		err = fmt.Errorf("%d of %d bytes copied: %w", got, n, io.ErrUnexpectedEOF)
-	}
 	return err
 }
 
