@@ -75,6 +75,14 @@ func (w *writer) assemble(outDir string) (*pb.ModelProto, error) {
 	// elsewhere.
 	sameDir := sameDirectory(outDir, w.m.dir)
 	total := 0
+	// inline counts bytes moved into the model file against protobuf's
+	// limit.
+	inline := func(raw []byte) error {
+		if total += len(raw); total > maxProto {
+			return fmt.Errorf("%w: inlining external data would pass protobuf's 2 GiB limit; write the output into the model's directory (%s) to keep the data external", ErrUnsupported, w.m.dir)
+		}
+		return nil
+	}
 	var dataLen int64
 	for i, t := range inits {
 		if p := w.external[t]; p != nil {
@@ -96,9 +104,8 @@ func (w *writer) assemble(outDir string) (*pb.ModelProto, error) {
 			if err != nil {
 				return nil, fmt.Errorf("initializer %q: %w", t.GetName(), err)
 			}
-			total += len(raw)
-			if total > maxProto {
-				return nil, fmt.Errorf("%w: inlining external data would pass protobuf's 2 GiB limit; write the output into the model's directory (%s) to keep the data external", ErrUnsupported, w.m.dir)
+			if err := inline(raw); err != nil {
+				return nil, err
 			}
 			t.RawData, t.ExternalData, t.DataLocation = raw, nil, nil
 			continue
@@ -118,9 +125,8 @@ func (w *writer) assemble(outDir string) (*pb.ModelProto, error) {
 		if err != nil {
 			return nil, fmt.Errorf("initializer %q: %w", t.GetName(), err)
 		}
-		total += len(raw)
-		if total > maxProto {
-			return nil, fmt.Errorf("%w: inlining external data would pass protobuf's 2 GiB limit; write the output into the model's directory (%s) to keep the data external", ErrUnsupported, w.m.dir)
+		if err := inline(raw); err != nil {
+			return nil, err
 		}
 		c := shallowTensor(t)
 		c.RawData, c.ExternalData, c.DataLocation = raw, nil, nil
