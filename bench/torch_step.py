@@ -6,27 +6,23 @@ PyTorch on the CPU, the same work as the Go benchmark BenchmarkModelStep.
     /usr/bin/python3 bench/torch_step.py --model deeplabv3_resnet50 --save /tmp/m.pth   # write the module, time nothing
     /usr/bin/python3 bench/torch_step.py --load /tmp/m.pth --batch 2                     # time that very module
 
---save writes the network (built as a user would, weights=None; segmentation
-models with aux_loss=False, their "out" is the output) as a whole pickled
+--save writes the network (built as fixtures/zoo.py builds it: weights=None;
+segmentation models with aux_loss=False, their "out" is the output) as a whole pickled
 module, torch.save(model), which the Go benchmark reads, so that both sides
 time the same network with the same parameters. Prints JSON: the median and
 every time in seconds.
 """
 import argparse
 import json
+import os
 import statistics
+import sys
 import time
 
 import torch
-import torchvision
 
-
-def build(name):
-    seg = torchvision.models.segmentation
-    if hasattr(seg, name) and not name.startswith("_"):
-        kw = {} if name.startswith("lraspp") else {"aux_loss": False}
-        return getattr(seg, name)(weights=None, weights_backbone=None, **kw)
-    return getattr(torchvision.models, name)(weights=None)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures"))
+from zoo import build  # noqa: E402  (torchvision's networks as the zoo test builds them)
 
 
 def main():
