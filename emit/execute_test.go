@@ -15,17 +15,33 @@ const python = "/usr/bin/python3"
 
 // TestExecute runs every emitted module with real PyTorch and the
 // inplace_abn stand-in: see testdata/check_model.py for what it checks.
-func TestExecute(t *testing.T) {
+// needTorch skips a test that runs PyTorch under -short or where python
+// cannot import torch.
+func needTorch(t *testing.T) {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("runs PyTorch")
 	}
 	if err := exec.Command(python, "-c", "import torch").Run(); err != nil {
 		t.Skipf("%s cannot import torch: %v", python, err)
 	}
+}
+
+// standinPython is python with args, the inplace_abn stand-in importable
+// and no __pycache__ left in the source tree by importing it.
+func standinPython(t *testing.T, args ...string) *exec.Cmd {
+	t.Helper()
 	standin, err := filepath.Abs(filepath.Join("..", "fixtures", "standin"))
 	if err != nil {
 		t.Fatal(err)
 	}
+	cmd := exec.Command(python, args...)
+	cmd.Env = append(os.Environ(), "PYTHONPATH="+standin, "PYTHONDONTWRITEBYTECODE=1")
+	return cmd
+}
+
+func TestExecute(t *testing.T) {
+	needTorch(t)
 	dir := t.TempDir()
 	type spec struct {
 		Name           string            `json:"name"`
@@ -81,10 +97,7 @@ func TestExecute(t *testing.T) {
 	if err := os.WriteFile(list, js, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(python, filepath.Join("testdata", "check_model.py"), list)
-	// No __pycache__ left in the source tree by importing the stand-in.
-	cmd.Env = append(os.Environ(), "PYTHONPATH="+standin, "PYTHONDONTWRITEBYTECODE=1")
-	out, err := cmd.CombinedOutput()
+	out, err := standinPython(t, filepath.Join("testdata", "check_model.py"), list).CombinedOutput()
 	if err != nil {
 		t.Fatalf("check_model.py: %v\n%s", err, out)
 	}

@@ -2,7 +2,6 @@ package emit
 
 import (
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -60,12 +59,7 @@ func TestLayoutEmitted(t *testing.T) {
 	if !strings.Contains(string(head), "torch.nn.BatchNorm1d(5") {
 		t.Errorf("a BN after a Linear is not BatchNorm1d:\n%s", head)
 	}
-	if testing.Short() {
-		t.Skip("runs PyTorch")
-	}
-	if err := exec.Command(python, "-c", "import torch").Run(); err != nil {
-		t.Skipf("%s cannot import torch: %v", python, err)
-	}
+	needTorch(t)
 	dir := t.TempDir()
 	for name, s := range map[string][]byte{"layout_mod.py": src, "head_mod.py": head} {
 		if err := os.WriteFile(filepath.Join(dir, name), s, 0o644); err != nil {
@@ -106,13 +100,7 @@ for shape in ((2, 3, 8, 8), (3, 3, 13, 10)):
             assert e < 1e-5, (shape, e)
 print("ok")
 `
-	standin, err := filepath.Abs(filepath.Join("..", "fixtures", "standin"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(python, "-c", script, dir)
-	cmd.Env = append(os.Environ(), "PYTHONPATH="+standin, "PYTHONDONTWRITEBYTECODE=1")
-	out, err := cmd.CombinedOutput()
+	out, err := standinPython(t, "-c", script, dir).CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "ok") {
 		t.Fatalf("running the emitted modules: %v\n%s\n%s", err, out, src)
 	}
@@ -141,12 +129,7 @@ func TestResizeEmitted(t *testing.T) {
 			t.Errorf("emitted module lacks %q:\n%s", want, src)
 		}
 	}
-	if testing.Short() {
-		t.Skip("runs PyTorch")
-	}
-	if err := exec.Command(python, "-c", "import torch").Run(); err != nil {
-		t.Skipf("%s cannot import torch: %v", python, err)
-	}
+	needTorch(t)
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "resize_mod.py"), src, 0o644); err != nil {
 		t.Fatal(err)
@@ -169,13 +152,7 @@ for shape in ((2, 3, 8, 8), (1, 3, 11, 14)):
     assert e < 1e-6, (shape, e)
 print("ok")
 `
-	standin, err := filepath.Abs(filepath.Join("..", "fixtures", "standin"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(python, "-c", script, dir)
-	cmd.Env = append(os.Environ(), "PYTHONPATH="+standin, "PYTHONDONTWRITEBYTECODE=1")
-	out, err := cmd.CombinedOutput()
+	out, err := standinPython(t, "-c", script, dir).CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "ok") {
 		t.Fatalf("running the emitted module: %v\n%s\n%s", err, out, src)
 	}
