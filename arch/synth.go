@@ -232,6 +232,9 @@ func withPrefix(g *graph.Graph, prefix string) *graph.Graph {
 		vals[n.Out] = v
 	}
 	out.Output = vals[g.Output]
+	for _, a := range g.Aux {
+		out.SetAux(a.Name, vals[a.Value], a.TrainOnly)
+	}
 	return out
 }
 

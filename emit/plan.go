@@ -446,7 +446,7 @@ func (p *program) groupStep(name string, nodes []*graph.Node, index map[*graph.N
 		}
 	}
 	for _, n := range nodes {
-		leaves := n.Out == p.g.Output
+		leaves := p.g.IsOutput(n.Out)
 		for _, c := range n.Out.Consumers {
 			if inside[c] {
 				continue
@@ -508,7 +508,7 @@ func (p *program) planNames() {
 	p.dels = make([][]*graph.Value, len(p.steps))
 	for _, v := range append([]*graph.Value{p.g.Input}, p.values()...) {
 		i, ok := lastUse[v]
-		if ok && v != p.g.Output {
+		if ok && !p.g.IsOutput(v) {
 			p.dels[i] = append(p.dels[i], v)
 		}
 	}

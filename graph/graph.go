@@ -194,16 +194,66 @@ type Value struct {
 	Channels int
 }
 
-// Graph is a network: its nodes in topological order, one input, one output.
+// Graph is a network: its nodes in topological order, one input, one main
+// output and any auxiliary outputs.
 type Graph struct {
 	// Arch names the recognised architecture ("resnet50"), or describes the
 	// source of the structure.
-	Arch    string
-	Nodes   []*Node
-	Input   *Value
-	Output  *Value
+	Arch   string
+	Nodes  []*Node
+	Input  *Value
+	Output *Value
+	// Aux lists the auxiliary outputs: the heads torchvision's segmentation
+	// models (aux_loss=True), GoogLeNet and Inception3 (aux_logits=True)
+	// return beside the main output, which training adds to the loss.
+	Aux     []Aux
 	byName  map[string]*Node
 	counter int
+}
+
+// Aux is an auxiliary output.
+type Aux struct {
+	// Name is the output's name in the model: the segmentation models'
+	// dict key ("aux"), the namedtuple field ("aux_logits1"), or the ONNX
+	// graph output's name.
+	Name  string
+	Value *Value
+	// TrainOnly marks a head the model computes in training only
+	// (GoogLeNet's and Inception3's): in eval the model returns the main
+	// output alone.
+	TrainOnly bool
+}
+
+// IsOutput reports whether v is the main output or an auxiliary one: a
+// value the caller reads, which no pass may overwrite or fold away.
+func (g *Graph) IsOutput(v *Value) bool {
+	if v == nil {
+		return false
+	}
+	if v == g.Output {
+		return true
+	}
+	for _, a := range g.Aux {
+		if a.Value == v {
+			return true
+		}
+	}
+	return false
+}
+
+// Outputs returns the main output, then the auxiliary ones in order.
+func (g *Graph) Outputs() []*Value {
+	out := []*Value{g.Output}
+	for _, a := range g.Aux {
+		out = append(out, a.Value)
+	}
+	return out
+}
+
+// SetAux adds an auxiliary output. Add moves the main output to each new
+// node, so builders add the auxiliary heads and then set Output back.
+func (g *Graph) SetAux(name string, v *Value, trainOnly bool) {
+	g.Aux = append(g.Aux, Aux{Name: name, Value: v, TrainOnly: trainOnly})
 }
 
 // New returns a graph with an input value of the given channel count.
@@ -256,6 +306,11 @@ func (g *Graph) Remove(n *Node) {
 	if g.Output == n.Out {
 		g.Output = nil
 	}
+	for i := range g.Aux {
+		if g.Aux[i].Value == n.Out {
+			g.Aux[i].Value = nil
+		}
+	}
 }
 
 // ReplaceUses makes every consumer of old read new instead, and moves the
@@ -272,6 +327,11 @@ func (g *Graph) ReplaceUses(old, new *Value) {
 	old.Consumers = nil
 	if g.Output == old {
 		g.Output = new
+	}
+	for i := range g.Aux {
+		if g.Aux[i].Value == old {
+			g.Aux[i].Value = new
+		}
 	}
 }
 
@@ -362,6 +422,18 @@ func (g *Graph) Validate() error {
 	}
 	if g.Output == nil || !seen[g.Output] {
 		return fmt.Errorf("graph: no output")
+	}
+	names = map[string]bool{}
+	for _, a := range g.Aux {
+		switch {
+		case a.Value == nil || !seen[a.Value]:
+			return fmt.Errorf("graph: auxiliary output %q is not computed by the graph", a.Name)
+		case a.Name == "" || names[a.Name]:
+			return fmt.Errorf("graph: auxiliary output name %q is empty or repeated", a.Name)
+		case a.Value == g.Output:
+			return fmt.Errorf("graph: auxiliary output %q is the main output", a.Name)
+		}
+		names[a.Name] = true
 	}
 	return nil
 }
@@ -491,6 +563,15 @@ func (g *Graph) String() string {
 	}
 	if g.Output != nil {
 		fmt.Fprintf(&b, "output %s\n", g.Output.Name)
+	}
+	for _, a := range g.Aux {
+		if a.Value != nil {
+			train := ""
+			if a.TrainOnly {
+				train = " (training only)"
+			}
+			fmt.Fprintf(&b, "aux %s %s%s\n", a.Name, a.Value.Name, train)
+		}
 	}
 	return b.String()
 }

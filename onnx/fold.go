@@ -23,7 +23,7 @@ func (w *writer) folds() error {
 		}
 		c := n.Inputs[0].Producer
 		ci := w.m.byIR[c]
-		if c.Op != graph.OpConv || ci == nil || ci.ir != c || ci.op != graph.OpConv || c.Out == w.g.Output {
+		if c.Op != graph.OpConv || ci == nil || ci.ir != c || ci.op != graph.OpConv || w.g.IsOutput(c.Out) {
 			continue
 		}
 		if readers := uniqueNodes(c.Out.Consumers); len(readers) != 1 || readers[0] != n || len(c.Out.Consumers) != 1 {

@@ -105,7 +105,7 @@ func (b *builder) constOperand(n *graph.Node, op string, want float64) bool {
 // onlyReader reports whether n is v's one reader (in the IR, which counts
 // further graph outputs as readers too) and v is not the graph output.
 func (b *builder) onlyReader(v *graph.Value, n *graph.Node) bool {
-	if v == b.g.Output || len(v.Consumers) != 1 || v.Consumers[0] != n {
+	if b.g.IsOutput(v) || len(v.Consumers) != 1 || v.Consumers[0] != n {
 		return false
 	}
 	info := b.m.byIR[v.Producer]

@@ -64,7 +64,7 @@ func (m *Model) LowerLayout() (int, error) {
 	// Shape nodes no longer read by anything go, last first.
 	for i := len(l.g.Nodes) - 1; i >= 0; i-- {
 		n := l.g.Nodes[i]
-		if l.dead[n] && len(n.Out.Consumers) == 0 && n.Out != l.g.Output {
+		if l.dead[n] && len(n.Out.Consumers) == 0 && !l.g.IsOutput(n.Out) {
 			l.g.Remove(n)
 		}
 	}
@@ -1226,6 +1226,11 @@ func (l *lowering) mean(n *graph.Node, p *pb.NodeProto, a attrs, x *graph.Value,
 	pool.Out.Consumers = []*graph.Node{nd}
 	if wasOut {
 		g.Output = out
+	}
+	for i := range g.Aux {
+		if g.Aux[i].Value == pool.Out {
+			g.Aux[i].Value = out
+		}
 	}
 	out.Channels = x.Channels
 	onnxName := l.m.valueName[pool.Out]

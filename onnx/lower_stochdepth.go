@@ -60,7 +60,7 @@ func (l *lowering) noise(name string, x *graph.Value) (graph.Attr, []*graph.Node
 		info := l.m.producer[value]
 		v := l.byName[value]
 		if info == nil || info.ir == nil || v == nil || v.Producer != info.ir || info.proto.GetOpType() != op ||
-			len(info.proto.Output) != 1 || len(v.Consumers) != 1 || v == l.g.Output {
+			len(info.proto.Output) != 1 || len(v.Consumers) != 1 || l.g.IsOutput(v) {
 			return nil
 		}
 		if d := info.proto.GetDomain(); d != "" && d != "ai.onnx" {

@@ -70,7 +70,7 @@ func fuse(st *State) error {
 // DenseNet layer (and transition) whose concatenation and normalised output
 // can live in shared buffers and be recomputed for backward.
 func denseGroup(g *graph.Graph, cat *graph.Node) (abn, conv *graph.Node, why string) {
-	if cat.Out == g.Output {
+	if g.IsOutput(cat.Out) {
 		return nil, nil, "its output is the network output"
 	}
 	readers := uniqueNodes(cat.Out.Consumers)
@@ -81,7 +81,7 @@ func denseGroup(g *graph.Graph, cat *graph.Node) (abn, conv *graph.Node, why str
 	if !abn.Op.IsBNFamily() || abn.Op == graph.OpBatchNorm {
 		return nil, nil, fmt.Sprintf("read by %s %s, not an ABN-family node", abn.Op, abn.Name)
 	}
-	if abn.Out == g.Output {
+	if g.IsOutput(abn.Out) {
 		return nil, nil, fmt.Sprintf("%s is the network output", abn.Name)
 	}
 	readers = uniqueNodes(abn.Out.Consumers)

@@ -56,7 +56,7 @@ func (s *site) fallBack(reason string) {
 // network output), or fusing would change what the other readers see.
 func fusableActivation(g *graph.Graph, bn *graph.Node) (*graph.Node, string) {
 	out := bn.Out
-	if out == g.Output {
+	if g.IsOutput(out) {
 		return nil, "its output is the network output"
 	}
 	readers := uniqueNodes(out.Consumers)

@@ -155,7 +155,7 @@ func (r *reaches) of(v *graph.Value) *reach {
 func (r *reaches) walk(v *graph.Value) *reach {
 	info := &reach{}
 	fail := func(why func(c int) string) *reach { return &reach{why: why} }
-	if v == r.st.g.Output {
+	if r.st.g.IsOutput(v) {
 		return fail(func(c int) string { return fmt.Sprintf("channel %d of %s reaches the network output", c, v.Name) })
 	}
 	// follow adds what the consumer's output reaches, its channels at off

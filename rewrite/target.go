@@ -77,7 +77,7 @@ func inPlaceBlocker(g *graph.Graph, bn *graph.Node) string {
 	if in == g.Input || p.Op == graph.OpInput {
 		return "its input is the network input, which belongs to the caller"
 	}
-	if in == g.Output {
+	if g.IsOutput(in) {
 		return fmt.Sprintf("its input %s is also the network output", in.Name)
 	}
 	if readers := uniqueNodes(in.Consumers); len(readers) > 1 {

@@ -18,30 +18,56 @@ import (
 // BN family, dropout, flatten, add) write their input gradient over their
 // output gradient instead of allocating, since that is dead afterwards.
 func (e *Executor) Backward(dOut *HostTensor) (*HostTensor, map[string][]float32, error) {
+	if dOut == nil {
+		return nil, nil, fmt.Errorf("runtime: no output gradient")
+	}
+	return e.BackwardAll([]*HostTensor{dOut})
+}
+
+// BackwardAll is Backward from the gradients of several outputs, in the
+// order of Outputs: the main output's first, then the auxiliary ones', as
+// a loss that adds the auxiliary heads' terms gives them. A missing or nil
+// auxiliary gradient is zero: that head then gets no gradient, as in
+// PyTorch when the loss leaves it out.
+func (e *Executor) BackwardAll(dOuts []*HostTensor) (*HostTensor, map[string][]float32, error) {
 	r := e.run
 	if r == nil || !r.p.save || r.done {
 		return nil, nil, ErrNoForward
 	}
 	p := r.p
-	oi := e.index[e.g.Output.Producer]
-	if dOut == nil || !sameInts(dOut.Shape, p.shapes[oi]) {
-		var got []int
-		if dOut != nil {
-			got = dOut.Shape
+	outs := e.g.Outputs()
+	if len(dOuts) == 0 || dOuts[0] == nil {
+		return nil, nil, fmt.Errorf("runtime: no gradient for the main output")
+	}
+	if len(dOuts) > len(outs) {
+		return nil, nil, fmt.Errorf("runtime: %d output gradients for %d outputs", len(dOuts), len(outs))
+	}
+	for k, dOut := range dOuts {
+		if dOut == nil {
+			continue
 		}
-		return nil, nil, fmt.Errorf("runtime: output gradient has shape %v, the output %v", got, p.shapes[oi])
+		oi := e.index[outs[k].Producer]
+		if !sameInts(dOut.Shape, p.shapes[oi]) {
+			return nil, nil, fmt.Errorf("runtime: gradient of output %s has shape %v, the output %v", outs[k].Name, dOut.Shape, p.shapes[oi])
+		}
+		if e.b.Executes() && len(dOut.Data) != numel(dOut.Shape) {
+			return nil, nil, fmt.Errorf("runtime: gradient of output %s has %d values for shape %v", outs[k].Name, len(dOut.Data), dOut.Shape)
+		}
 	}
-	if e.b.Executes() && len(dOut.Data) != numel(dOut.Shape) {
-		return nil, nil, fmt.Errorf("runtime: output gradient has %d values for shape %v", len(dOut.Data), dOut.Shape)
-	}
-	g, err := e.allocGrad(r, p.shapes[oi])
-	if err != nil {
-		return nil, nil, e.fail(fmt.Errorf("runtime: output gradient: %w", err))
-	}
-	r.grads[oi] = g
-	if e.b.Executes() {
-		if err := e.b.Upload(g.t, dOut.Data); err != nil {
+	for k, dOut := range dOuts {
+		if dOut == nil {
+			continue
+		}
+		oi := e.index[outs[k].Producer]
+		g, err := e.allocGrad(r, p.shapes[oi])
+		if err != nil {
 			return nil, nil, e.fail(fmt.Errorf("runtime: output gradient: %w", err))
+		}
+		r.grads[oi] = g
+		if e.b.Executes() {
+			if err := e.b.Upload(g.t, dOut.Data); err != nil {
+				return nil, nil, e.fail(fmt.Errorf("runtime: output gradient: %w", err))
+			}
 		}
 	}
 	for ev := p.n; ev < len(p.events); ev++ {

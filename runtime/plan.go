@@ -278,8 +278,10 @@ func makePlanWith(g *graph.Graph, index map[*graph.Node]int, in []int, cfg planC
 			p.planSaves(g, nd, i, pp, fsto, index)
 		}
 	}
-	// The output is downloaded at the end of the forward pass.
-	p.use(fsto(index[g.Output.Producer]), n-1)
+	// The outputs are downloaded at the end of the forward pass.
+	for _, v := range g.Outputs() {
+		p.use(fsto(index[v.Producer]), n-1)
+	}
 
 	for k, sg := range p.segs {
 		rsto := func(j int) int {
@@ -397,7 +399,7 @@ func (p *plan) mayOverwrite(g *graph.Graph, index map[*graph.Node]int, nd *graph
 		return false
 	}
 	in := nd.Inputs[0]
-	if in == g.Input || in == g.Output {
+	if in == g.Input || g.IsOutput(in) {
 		return false
 	}
 	j0 := index[in.Producer]
@@ -417,7 +419,7 @@ func (p *plan) mayOverwrite(g *graph.Graph, index map[*graph.Node]int, nd *graph
 			continue
 		}
 		other := g.Nodes[j]
-		if other.Out == g.Output {
+		if g.IsOutput(other.Out) {
 			return false
 		}
 		for _, c := range other.Out.Consumers {
@@ -627,7 +629,7 @@ func (p *plan) findGroups(g *graph.Graph, index map[*graph.Node]int) error {
 			if !onlyReader(chain[k-1].Out, chain[k]) {
 				return bad(fmt.Sprintf("%s has readers outside the group", chain[k-1].Name))
 			}
-			if chain[k-1].Out == g.Output {
+			if g.IsOutput(chain[k-1].Out) {
 				return bad("a recomputed value is the graph output")
 			}
 		}

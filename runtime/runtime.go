@@ -129,6 +129,9 @@ type Executor struct {
 	run      *run
 	mem      MemoryReport
 	work     WorkReport
+	// outs are the last forward's outputs: the main one, then the
+	// auxiliary ones (graph.Graph.Aux).
+	outs []*HostTensor
 	// base is what the backend held when the last forward started
 	// (parameters, and anything another executor holds on a shared
 	// backend): the memory figures count from there.
@@ -402,8 +405,14 @@ func (e *Executor) release() {
 	e.run = nil
 }
 
+// Outputs returns the last forward's outputs: the one Forward returned,
+// then the graph's auxiliary outputs in order (graph.Graph.Aux). In eval,
+// the training-only ones are computed too: the model returns only the
+// main one then, and the caller skips them.
+func (e *Executor) Outputs() []*HostTensor { return append([]*HostTensor(nil), e.outs...) }
+
 // Forward runs the graph on x in training or eval mode and returns its
-// output. A training forward updates the running statistics and keeps what
+// main output (Outputs has the auxiliary ones). A training forward updates the running statistics and keeps what
 // Backward needs; so does an eval forward with Options.GradInEval.
 func (e *Executor) Forward(x *HostTensor, training bool) (*HostTensor, error) {
 	if x == nil {
@@ -440,11 +449,19 @@ func (e *Executor) Forward(x *HostTensor, training bool) (*HostTensor, error) {
 		}
 		e.work.ForwardFLOPs += p.flops[i].fwd
 		if i == p.n-1 {
-			out = &HostTensor{Shape: append([]int(nil), p.shapes[e.index[e.g.Output.Producer]]...)}
-			if e.b.Executes() {
-				out.Data = make([]float32, numel(out.Shape))
-				if err := e.b.Download(r.vals[e.index[e.g.Output.Producer]], out.Data); err != nil {
-					return nil, e.fail(fmt.Errorf("runtime: reading the output: %w", err))
+			e.outs = nil
+			for k, v := range e.g.Outputs() {
+				j := e.index[v.Producer]
+				o := &HostTensor{Shape: append([]int(nil), p.shapes[j]...)}
+				if e.b.Executes() {
+					o.Data = make([]float32, numel(o.Shape))
+					if err := e.b.Download(r.vals[j], o.Data); err != nil {
+						return nil, e.fail(fmt.Errorf("runtime: reading output %s: %w", v.Name, err))
+					}
+				}
+				e.outs = append(e.outs, o)
+				if k == 0 {
+					out = o
 				}
 			}
 		}

@@ -171,7 +171,7 @@ func sqrtRanges(g *graph.Graph) [][2]int {
 		for _, c := range nd.Out.Consumers {
 			lastUse[i] = max(lastUse[i], index[c])
 		}
-		if nd.Out == g.Output {
+		if g.IsOutput(nd.Out) {
 			lastUse[i] = len(g.Nodes)
 		}
 	}

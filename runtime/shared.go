@@ -12,7 +12,7 @@ import "github.com/abnconvert/abnconvert/graph"
 func MarkSharedBuffers(g *graph.Graph) int {
 	marked := 0
 	for _, cat := range g.Nodes {
-		if cat.Op != graph.OpConcat || cat.Recompute != "" || cat.Out == g.Output {
+		if cat.Op != graph.OpConcat || cat.Recompute != "" || g.IsOutput(cat.Out) {
 			continue
 		}
 		bn := soleReader(g, cat)
@@ -45,7 +45,7 @@ func MarkSharedBuffers(g *graph.Graph) int {
 // soleReader is the only node reading n's output, nil when there are
 // several or none, or when n's output is the graph output.
 func soleReader(g *graph.Graph, n *graph.Node) *graph.Node {
-	if len(n.Out.Consumers) != 1 || n.Out == g.Output {
+	if len(n.Out.Consumers) != 1 || g.IsOutput(n.Out) {
 		return nil
 	}
 	return n.Out.Consumers[0]

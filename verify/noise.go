@@ -308,7 +308,7 @@ func zeroGradients(g *graph.Graph) map[string]string {
 	out := map[string]string{}
 	for _, nd := range g.Nodes {
 		key := nd.Params[graph.RoleBias]
-		if (nd.Op != graph.OpConv && nd.Op != graph.OpLinear) || key == "" || nd.Out == nil || nd.Out == g.Output || len(nd.Out.Consumers) == 0 {
+		if (nd.Op != graph.OpConv && nd.Op != graph.OpLinear) || key == "" || nd.Out == nil || g.IsOutput(nd.Out) || len(nd.Out.Consumers) == 0 {
 			continue
 		}
 		all := true
