@@ -284,7 +284,7 @@ func TestBadCalls(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := e.Backward(NewHostTensor(2, 4, 3, 4)); err == nil || !strings.Contains(err.Error(), "output gradient has shape [2 4 3 4]") {
+	if _, _, err := e.Backward(NewHostTensor(2, 4, 3, 4)); err == nil || !strings.Contains(err.Error(), "has shape [2 4 3 4], the output [2 4 3 3]") {
 		t.Errorf("wrong gradient shape: %v", err)
 	}
 	if _, _, err := e.Backward(NewHostTensor(out.Shape...)); err != nil {
