@@ -300,7 +300,10 @@ func buildFrom(w graph.Weights, keys []string, family, prefix string, fromModule
 	m := &Match{Arch: desc, Family: family, Prefix: prefix, Exact: exact, Notes: b.notes()}
 	m.Notes = append(m.Notes, notes...)
 	m.Notes = append(m.Notes, fmt.Sprintf("num_classes %d", b.g.Output.Channels), assumedNote(family))
-	if family == FamilySegmentation {
+	switch {
+	case family == FamilySegmentation && len(b.g.Aux) > 0:
+		m.Notes = append(m.Notes, "the graph's outputs are the model's \"out\" and \"aux\" tensors (aux_loss=True: torchvision returns {\"out\": ..., \"aux\": ...}, and the emitted module the same dict)")
+	case family == FamilySegmentation:
 		m.Notes = append(m.Notes, "the graph's output is the model's \"out\" tensor (torchvision returns {\"out\": ...})")
 	}
 	b.g.Arch = desc

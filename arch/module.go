@@ -79,10 +79,10 @@ var containers = map[string]map[string]container{
 	},
 	FamilySegmentation: {
 		// aux_classifier is an attribute only when it is None; a head
-		// is a child, which the builder refuses.
+		// (aux_loss=True) is a child, an FCNHead the builder reads.
 		"torchvision.models.segmentation.fcn.FCN":               {attrs: []string{"aux_classifier"}, check: noAux},
 		"torchvision.models.segmentation.deeplabv3.DeepLabV3":   {attrs: []string{"aux_classifier"}, check: noAux},
-		"torchvision.models._utils.IntermediateLayerGetter":     {attrs: []string{"return_layers"}, check: returnsLayer4},
+		"torchvision.models._utils.IntermediateLayerGetter":     {attrs: []string{"return_layers"}, check: returnsLayers},
 		"torchvision.models.resnet.BasicBlock":                  {attrs: []string{"stride", "downsample"}, check: noDownsampleAttr},
 		"torchvision.models.resnet.Bottleneck":                  {attrs: []string{"stride", "downsample"}, check: noDownsampleAttr},
 		"torchvision.models.segmentation.fcn.FCNHead":           {},
@@ -102,16 +102,19 @@ func noAux(m *pth.Module) error {
 	return nil
 }
 
-// returnsLayer4 checks that the backbone hands layer4's output to the head
-// as "out", which the builder assumes.
-func returnsLayer4(m *pth.Module) error {
+// returnsLayers checks that the backbone hands layer4's output to the head
+// as "out", and layer3's as "aux" if it hands two, which the builder
+// assumes (torchvision's _segm_model with and without aux_loss).
+func returnsLayers(m *pth.Module) error {
 	d, ok := m.Attr("return_layers").(*pth.Dict)
-	if ok && d.Len() == 1 {
-		if v, _ := d.Get("layer4"); v == "out" {
+	if ok && (d.Len() == 1 || d.Len() == 2) {
+		out, _ := d.Get("layer4")
+		aux, _ := d.Get("layer3")
+		if out == "out" && (d.Len() == 1 || aux == "aux") {
 			return nil
 		}
 	}
-	return failure.Unsupportedf("return_layers %s: the head is built on {'layer4': 'out'}", describe(m.Attr("return_layers")))
+	return failure.Unsupportedf("return_layers %s: the heads are built on {'layer4': 'out'} and, with an auxiliary head, {'layer3': 'aux'}", describe(m.Attr("return_layers")))
 }
 
 // denseLayerCheck refuses a dense layer with dropout: torchvision applies

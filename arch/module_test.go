@@ -496,7 +496,7 @@ func TestModuleActivationSwap(t *testing.T) {
 // allowlist (nothing executed). The ResNet-based ones are rebuilt, named
 // and dilated as their constructors build them; the MobileNetV3-based ones
 // are refused as unsupported, naming what is missing. With aux_loss the
-// second head is refused, saying how to drop it. The other BatchNorm
+// second head is an auxiliary output. The other BatchNorm
 // classifiers are read as data too, and refused as unsupported by name.
 func TestTorchvisionModules(t *testing.T) {
 	const python = "/usr/bin/python3"
@@ -579,10 +579,12 @@ for name in sys.argv[2:]:
 	}
 	for _, c := range []struct {
 		name, want string // want: the error, "" for none
+		arch       string
+		aux        int
 	}{
-		{"fcn_resnet50", ""},
-		{"deeplabv3_resnet50", ""},
-		{"deeplabv3_resnet50_aux", "model.aux_classifier = None"},
+		{"fcn_resnet50", "", "fcn_resnet50", 0},
+		{"deeplabv3_resnet50", "", "deeplabv3_resnet50", 0},
+		{"deeplabv3_resnet50_aux", "", "deeplabv3_resnet50 (aux_loss=True)", 1},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			ck, m, err := pth.OpenModule(filepath.Join(dir, c.name+".pth"))
@@ -601,8 +603,21 @@ for name in sys.argv[2:]:
 			if err != nil {
 				t.Fatal(err)
 			}
-			if match.Arch != c.name || !match.Exact {
+			if match.Arch != c.arch || !match.Exact {
 				t.Errorf("arch %q exact %v", match.Arch, match.Exact)
+			}
+			if len(g.Aux) != c.aux {
+				t.Fatalf("%d auxiliary outputs, want %d", len(g.Aux), c.aux)
+			}
+			if c.aux > 0 {
+				// FCNHead(1024, 21) on layer3's output, resized to the input.
+				a := g.Aux[0]
+				if a.Name != "aux" || a.TrainOnly || a.Value.Producer.Op != graph.OpResize || a.Value.Channels != 21 {
+					t.Errorf("aux %+v: %s with %d channels", a, a.Value.Producer.Op, a.Value.Channels)
+				}
+				if in := g.Node("aux_classifier.0").Inputs[0]; in.Producer.Name != "backbone.layer3.5.relu:3" && !strings.HasPrefix(in.Producer.Name, "backbone.layer3.5") {
+					t.Errorf("aux_classifier.0 reads %s, want layer3's output", in.Producer.Name)
+				}
 			}
 			if d := g.Node("backbone.layer4.2.conv2").Attr.Dilation; d != [2]int{4, 4} {
 				t.Errorf("backbone.layer4.2.conv2 dilation %v", d)

@@ -3,7 +3,6 @@ package arch
 import (
 	"fmt"
 
-	"github.com/abnconvert/abnconvert/failure"
 	"github.com/abnconvert/abnconvert/graph"
 )
 
@@ -13,6 +12,7 @@ type segShape struct {
 	head     string // "fcn" or "deeplabv3"
 	rates    []int  // ASPP atrous rates
 	classes  int
+	aux      bool // an auxiliary FCNHead (aux_loss=True)
 }
 
 // The constructors' dilation: torchvision's fcn_resnet50/101 and
@@ -35,11 +35,6 @@ var (
 // branches, whose rates are assumed.
 func buildSegmentation(b *builder, anyRates bool) (*segShape, error) {
 	p := b.prefix
-	if b.has(p + "aux_classifier") {
-		// Two outputs, "out" and "aux": the IR has one.
-		return nil, failure.Unsupportedf("%saux_classifier: the model has an auxiliary head (aux_loss=True), a second output abnconvert's graph cannot hold yet; "+
-			"set model.aux_classifier = None (torchvision's forward then skips it) and save again, or drop the aux_classifier.* entries from the state dict", p)
-	}
 	if !b.present(p + "backbone.conv1.weight") {
 		if b.has(p + "backbone.0") {
 			// Those state dicts are recognised by the tree families
@@ -71,7 +66,24 @@ func buildSegmentation(b *builder, anyRates bool) (*segShape, error) {
 		return nil, fmt.Errorf("missing %s0.weight (FCNHead) or %s0.convs (DeepLabHead)", h, h)
 	}
 	sh.classes = x.Channels
-	b.add(p+"interpolate", graph.OpResize, graph.Attr{Mode: "bilinear"}, nil, x.Channels, x, b.g.Input)
+	out := b.add(p+"interpolate", graph.OpResize, graph.Attr{Mode: "bilinear"}, nil, x.Channels, x, b.g.Input)
+	if b.has(p + "aux_classifier") {
+		// aux_loss=True: an FCNHead on layer3's output ("aux"), resized
+		// the same way; the model returns {"out": ..., "aux": ...} in
+		// eval and training alike.
+		a, err := fcnHead(b, p+"aux_classifier.", outs[2])
+		if err != nil {
+			return nil, err
+		}
+		if a.Channels != sh.classes {
+			return nil, fmt.Errorf("%saux_classifier gives %d classes, classifier %d", p, a.Channels, sh.classes)
+		}
+		a = b.add(p+"aux_interpolate", graph.OpResize, graph.Attr{Mode: "bilinear"}, nil, a.Channels, a, b.g.Input)
+		b.g.Output = out
+		b.g.OutputName = "out"
+		b.g.SetAux("aux", a, false)
+		sh.aux = true
+	}
 	return sh, nil
 }
 
@@ -171,6 +183,10 @@ func deepLabHead(b *builder, h string, x *graph.Value, anyRates bool) (*graph.Va
 // backbone is its resnet50 or resnet101.
 func (s *segShape) describe() (string, bool) {
 	bb := s.backbone
+	if s.aux {
+		d, ok := (&segShape{backbone: s.backbone, head: s.head, rates: s.rates, classes: s.classes}).describe()
+		return d + " (aux_loss=True)", ok
+	}
 	std := bb.bottleneck && bb.stem == 64 && !bb.irregular && bb.groups == [4]int{1, 1, 1, 1} && bb.inner == [4]int{64, 128, 256, 512}
 	switch {
 	case std && bb.layers == [4]int{3, 4, 6, 3}:

@@ -114,7 +114,15 @@ func (p *program) writeHelpers(b *bytes.Buffer) {
 	if p.groups > 0 {
 		b.WriteString("from torch.utils.checkpoint import checkpoint\n")
 	}
+	if p.trainOnlyAux() {
+		b.WriteString("import collections\n")
+	}
 	b.WriteString("\nimport inplace_abn\n")
+	if p.trainOnlyAux() {
+		// torchvision's GoogLeNetOutputs and InceptionOutputs are
+		// namedtuples too: the fields are read by name or position alike.
+		fmt.Fprintf(b, "\n_Outputs = collections.namedtuple(\"Outputs\", [%s])\n", strings.Join(p.outputFields(), ", "))
+	}
 	b.WriteString(`
 
 def _place(root, path, module):
@@ -229,8 +237,51 @@ func (p *program) writeForward(b *bytes.Buffer) error {
 			fmt.Fprintf(b, "        del %s\n", p.names(d))
 		}
 	}
-	fmt.Fprintf(b, "        return %s\n", p.vars[p.g.Output])
+	p.writeReturn(b)
 	return nil
+}
+
+// writeReturn returns what the original model returns: the output alone;
+// with auxiliary outputs, a dict of them all (torchvision's segmentation
+// models, an ONNX graph with several outputs); with training-only ones
+// (GoogLeNet, Inception3), a namedtuple of them all in training and the
+// main output alone in eval.
+func (p *program) writeReturn(b *bytes.Buffer) {
+	main := p.vars[p.g.Output]
+	if len(p.g.Aux) == 0 {
+		fmt.Fprintf(b, "        return %s\n", main)
+		return
+	}
+	vars := []string{main}
+	for _, a := range p.g.Aux {
+		vars = append(vars, p.vars[a.Value])
+	}
+	if p.trainOnlyAux() {
+		fmt.Fprintf(b, "        if self.training:\n            return _Outputs(%s)\n        return %s\n", strings.Join(vars, ", "), main)
+		return
+	}
+	items := []string{fmt.Sprintf("%s: %s", pyStr(orDefault(p.g.OutputName, "out")), main)}
+	for i, a := range p.g.Aux {
+		items = append(items, fmt.Sprintf("%s: %s", pyStr(a.Name), vars[i+1]))
+	}
+	fmt.Fprintf(b, "        return {%s}\n", strings.Join(items, ", "))
+}
+
+// trainOnlyAux says the model returns its auxiliary outputs in training
+// only (all of them are then; Validate-level mixing is not produced by
+// any builder).
+func (p *program) trainOnlyAux() bool {
+	return len(p.g.Aux) > 0 && p.g.Aux[0].TrainOnly
+}
+
+// outputFields are the namedtuple's fields for training-only auxiliary
+// outputs: the main output's name, then theirs.
+func (p *program) outputFields() []string {
+	f := []string{pyStr(orDefault(p.g.OutputName, "logits"))}
+	for _, a := range p.g.Aux {
+		f = append(f, pyStr(a.Name))
+	}
+	return f
 }
 
 func (p *program) writeGroup(b *bytes.Buffer, s *step, k int) error {

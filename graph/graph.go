@@ -206,9 +206,13 @@ type Graph struct {
 	// Aux lists the auxiliary outputs: the heads torchvision's segmentation
 	// models (aux_loss=True), GoogLeNet and Inception3 (aux_logits=True)
 	// return beside the main output, which training adds to the loss.
-	Aux     []Aux
-	byName  map[string]*Node
-	counter int
+	Aux []Aux
+	// OutputName is the main output's name where the model returns it
+	// beside auxiliary ones: "out" (a segmentation model's dict),
+	// "logits" (GoogLeNet's namedtuple), an ONNX graph output's name.
+	OutputName string
+	byName     map[string]*Node
+	counter    int
 }
 
 // Aux is an auxiliary output.

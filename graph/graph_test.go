@@ -31,6 +31,19 @@ func TestValidate(t *testing.T) {
 		}, "not in the graph"},
 		{"no output", func(g *Graph) { g.Output = nil }, "no output"},
 		{"index", func(g *Graph) { g.Node("relu").Name = "other" }, "name index"},
+		{"aux", func(g *Graph) { g.SetAux("aux", g.Node("bn").Out, false) }, ""},
+		{"aux not computed", func(g *Graph) { g.SetAux("aux", &Value{Name: "ghost"}, false) }, "not computed"},
+		{"aux repeated", func(g *Graph) {
+			g.SetAux("aux", g.Node("bn").Out, false)
+			g.SetAux("aux", g.Node("conv").Out, false)
+		}, "repeated"},
+		{"aux is main", func(g *Graph) { g.SetAux("aux", g.Output, false) }, "is the main output"},
+		{"aux removed", func(g *Graph) {
+			r := g.Node("relu")
+			g.SetAux("aux", r.Out, false)
+			g.Output = g.Node("bn").Out
+			g.Remove(r)
+		}, "not computed"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -152,5 +165,28 @@ func TestResizeForms(t *testing.T) {
 	}
 	if _, err := (Attr{Scale: [2]float64{0.1, 1}}).ResizeShape([]int{1, 1, 5, 5}, nil); err == nil {
 		t.Error("a factor that leaves no row is accepted")
+	}
+}
+
+// TestAuxFollowsRewrites: an auxiliary output is an output to every pass
+// (IsOutput), and moves with ReplaceUses as the main output does.
+func TestAuxFollowsRewrites(t *testing.T) {
+	g := chain()
+	bn := g.Node("bn")
+	g.SetAux("aux", bn.Out, false)
+	if !g.IsOutput(bn.Out) || !g.IsOutput(g.Output) || g.IsOutput(g.Node("conv").Out) || g.IsOutput(nil) {
+		t.Fatalf("IsOutput wrong")
+	}
+	fused := g.Add("fused", OpInPlaceABN, Attr{Features: 4}, nil, g.Node("conv").Out)
+	g.Output = g.Node("relu").Out
+	g.ReplaceUses(bn.Out, fused)
+	if g.Aux[0].Value != fused {
+		t.Fatalf("aux still %s after ReplaceUses", g.Aux[0].Value.Name)
+	}
+	if outs := g.Outputs(); len(outs) != 2 || outs[1] != fused {
+		t.Fatalf("Outputs %v", outs)
+	}
+	if !strings.Contains(g.String(), "aux aux fused") {
+		t.Errorf("dump lacks the auxiliary output:\n%s", g.String())
 	}
 }

@@ -243,11 +243,20 @@ func measure(v variant, batch, size int, nb func() (runtime.Backend, error)) (Fi
 		}
 		dev = &DeviceCheck{DeviceFigures: f}
 	}
-	dy := &runtime.HostTensor{Shape: y.Shape}
-	if b.Executes() {
-		dy = runtime.NewHostTensor(y.Shape...)
+	// Every output gets a gradient: a training loss adds the auxiliary
+	// heads' terms, so their backward runs (and holds memory) too.
+	var dys []*runtime.HostTensor
+	for _, o := range ex.Outputs() {
+		dy := &runtime.HostTensor{Shape: o.Shape}
+		if b.Executes() {
+			dy = runtime.NewHostTensor(o.Shape...)
+		}
+		dys = append(dys, dy)
 	}
-	if _, _, err := ex.Backward(dy); err != nil {
+	if len(dys) == 0 {
+		dys = []*runtime.HostTensor{{Shape: y.Shape}}
+	}
+	if _, _, err := ex.BackwardAll(dys); err != nil {
 		return Figures{}, "", fmt.Errorf("%s: %w", v.name, err)
 	}
 	m := ex.Memory()

@@ -80,10 +80,34 @@ func (m *Model) LowerLayout() (int, error) {
 			info.lowered = true
 		}
 	}
+	l.auxOutputs()
 	if err := l.g.Validate(); err != nil {
 		return l.count, fmt.Errorf("lowering the layout ops: %w", err)
 	}
 	return l.count, nil
+}
+
+// auxOutputs turns the graph outputs after the first (a segmentation
+// model's "aux", a train-mode export's auxiliary logits), which the reader
+// holds as sink nodes so that writing keeps them, into the graph's
+// auxiliary outputs: the runtime, verify and the emitter then compute and
+// check them as the model's own.
+func (l *lowering) auxOutputs() {
+	g := l.g
+	if gp := l.m.proto.Graph; len(gp.Output) > 1 {
+		g.OutputName = gp.Output[0].GetName()
+	}
+	for _, n := range append([]*graph.Node(nil), g.Nodes...) {
+		sp := l.m.special[n]
+		if n.Op != OpGraphOutput || sp == nil || sp.kind != specialOutput {
+			continue
+		}
+		v := n.Inputs[0]
+		g.Remove(n)
+		if v != g.Output {
+			g.SetAux(sp.name, v, false)
+		}
+	}
 }
 
 type lowering struct {

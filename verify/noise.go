@@ -41,7 +41,7 @@ type sample struct {
 // runSample runs n as verify runs the reference and the converted network
 // (without g, eval only).
 func runSample(n *network, x, g *runtime.HostTensor) (*sample, error) {
-	y, err := n.ex.Forward(x, false)
+	y, err := n.forward(x, false)
 	if err != nil {
 		return nil, err
 	}
@@ -52,7 +52,7 @@ func runSample(n *network, x, g *runtime.HostTensor) (*sample, error) {
 	if err != nil {
 		return nil, err
 	}
-	y2, err := n.ex.Forward(x, false)
+	y2, err := n.forward(x, false)
 	if err != nil {
 		return nil, err
 	}

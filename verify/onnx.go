@@ -117,7 +117,7 @@ func runONNX(opt Options) (*Result, error) {
 		if err != nil {
 			return nil, err
 		}
-		yOrig, err := o.ex.Forward(x, false)
+		yOrig, err := o.forward(x, false)
 		o.ex.Close()
 		if err != nil {
 			return nil, fmt.Errorf("original: %w", err)

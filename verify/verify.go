@@ -170,9 +170,73 @@ func (o *Options) progress(format string, args ...any) {
 
 // network is one side of the comparison.
 type network struct {
-	g  *graph.Graph
-	w  graph.Weights
-	ex *runtime.Executor
+	g    *graph.Graph
+	w    graph.Weights
+	ex   *runtime.Executor
+	seed uint64
+}
+
+// forward runs n on x and returns what the model returns, as one flat
+// tensor when it returns several: the main output, then the auxiliary ones
+// (in eval, those the model computes in eval), so that every check covers
+// every head. With one output it is Forward's result unchanged.
+func (n *network) forward(x *runtime.HostTensor, training bool) (*runtime.HostTensor, error) {
+	y, err := n.ex.Forward(x, training)
+	if err != nil || len(n.g.Aux) == 0 {
+		return y, err
+	}
+	outs := n.ex.Outputs()
+	flat := &runtime.HostTensor{Data: append([]float32(nil), y.Data...)}
+	for k, a := range n.g.Aux {
+		if a.TrainOnly && !training {
+			continue
+		}
+		flat.Data = append(flat.Data, outs[k+1].Data...)
+	}
+	flat.Shape = []int{len(flat.Data)}
+	return flat, nil
+}
+
+// backward runs n's backward from g, the gradient of what forward returned
+// in eval (the main output and the auxiliary ones computed in eval, flat),
+// split per output; a training-only auxiliary output's gradient is drawn
+// from n's seed, the same in every network of a verify run. Every head is
+// then trained, as a loss that adds their terms trains them.
+func (n *network) backward(g *runtime.HostTensor) (*runtime.HostTensor, map[string][]float32, error) {
+	if len(n.g.Aux) == 0 {
+		return n.ex.Backward(g)
+	}
+	outs := n.ex.Outputs()
+	var ds []*runtime.HostTensor
+	off := 0
+	take := func(shape []int) *runtime.HostTensor {
+		d := &runtime.HostTensor{Shape: shape}
+		if k := numel(shape); off+k <= len(g.Data) {
+			d.Data = g.Data[off : off+k]
+		}
+		off += numel(shape)
+		return d
+	}
+	ds = append(ds, take(outs[0].Shape))
+	for k, a := range n.g.Aux {
+		if a.TrainOnly {
+			ds = append(ds, gradOut(n.seed+uint64(k)+1, outs[k+1].Shape))
+			continue
+		}
+		ds = append(ds, take(outs[k+1].Shape))
+	}
+	if off != len(g.Data) {
+		return nil, nil, fmt.Errorf("output gradient has %d values for outputs of %d", len(g.Data), off)
+	}
+	return n.ex.BackwardAll(ds)
+}
+
+func numel(shape []int) int {
+	n := 1
+	for _, d := range shape {
+		n *= d
+	}
+	return n
 }
 
 // Run verifies. An error means bad input (unreadable files, keys or shapes
@@ -286,7 +350,7 @@ func Run(opt Options) (*Result, error) {
 		if err != nil {
 			return nil, err
 		}
-		yOrig, err := o.ex.Forward(x, false)
+		yOrig, err := o.forward(x, false)
 		o.ex.Close()
 		if err != nil {
 			return nil, fmt.Errorf("original: %w", err)
@@ -403,10 +467,10 @@ func evalLimit(opt Options, ref []float32) float64 {
 
 // evalPair runs the reference and the converted network in eval mode on x.
 func evalPair(ref, cv *network, x *runtime.HostTensor) (yRef, yConv *runtime.HostTensor, err error) {
-	if yRef, err = ref.ex.Forward(x, false); err != nil {
+	if yRef, err = ref.forward(x, false); err != nil {
 		return nil, nil, fmt.Errorf("reference: %w", err)
 	}
-	if yConv, err = cv.ex.Forward(x, false); err != nil {
+	if yConv, err = cv.forward(x, false); err != nil {
 		return nil, nil, fmt.Errorf("converted: %w", err)
 	}
 	return yRef, yConv, nil
@@ -422,7 +486,7 @@ func newNetwork(newBackend func() (runtime.Backend, error), seed uint64, g *grap
 	if err != nil {
 		return nil, fmt.Errorf("%s network: %w", what, err)
 	}
-	return &network{g: g, w: w, ex: ex}, nil
+	return &network{g: g, w: w, ex: ex, seed: seed}, nil
 }
 
 // nodeProgress reports, at most every two seconds, which node a long run
@@ -452,11 +516,11 @@ type step struct {
 }
 
 func trainStep(n *network, x, g *runtime.HostTensor) (*step, error) {
-	y, err := n.ex.Forward(x, true)
+	y, err := n.forward(x, true)
 	if err != nil {
 		return nil, err
 	}
-	dx, grads, err := n.ex.Backward(g)
+	dx, grads, err := n.backward(g)
 	if err != nil {
 		return nil, err
 	}
