@@ -445,7 +445,9 @@ func readLayer(m *pth.Module) (graph.Op, graph.Attr, error) {
 		a.StartDim = 1
 		return graph.OpFlatten, a, nil
 	case "Linear":
-		if err := checkAttrs(m, "in_features", "out_features"); err != nil {
+		// stddev: Inception3 sets it on AuxLogits.fc for its weight
+		// initialisation (init_weights) only; the forward never reads it.
+		if err := checkAttrs(m, "in_features", "out_features", "stddev"); err != nil {
 			return "", a, err
 		}
 		in, ok1 := integer(m.Attr("in_features"))

@@ -514,7 +514,8 @@ for name in sys.argv[2:]:
     make = getattr(S, name[:-4] if aux else name)
     torch.save(make(weights=None, weights_backbone=None, aux_loss=aux), sys.argv[1] + "/" + name + ".pth")
 `
-	names := []string{"fcn_resnet50", "deeplabv3_resnet50", "lraspp_mobilenet_v3_large", "deeplabv3_mobilenet_v3_large", "deeplabv3_resnet50_aux"}
+	names := []string{"fcn_resnet50", "deeplabv3_resnet50", "lraspp_mobilenet_v3_large", "deeplabv3_mobilenet_v3_large", "deeplabv3_resnet50_aux",
+		"deeplabv3_mobilenet_v3_large_aux"}
 	if out, err := exec.Command(python, append([]string{"-c", script, dir}, names...)...).CombinedOutput(); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
@@ -524,7 +525,7 @@ for name in sys.argv[2:]:
 		"efficientnet_b0": "", "efficientnet_v2_s": "",
 		"regnet_y_400mf": "", "regnet_x_400mf": "",
 		"shufflenet_v2_x0_5": "", "mnasnet0_5": "",
-		"googlenet": "aux_logits True: the auxiliary classifiers are second and third outputs", "inception_v3": "aux_logits True: the auxiliary classifier is a second output"}
+		"googlenet": "", "inception_v3": ""}
 	script = `import sys, torch, torchvision
 for name in sys.argv[2:]:
     kw = {"init_weights": False} if name in ("googlenet", "inception_v3") else {}
@@ -550,6 +551,27 @@ for name in sys.argv[2:]:
 					t.Fatal(err)
 				}
 				checkCoverage(t, g, ck)
+				// googlenet() and inception_v3() build their auxiliary
+				// classifiers by default: outputs in training only, and
+				// the state dict alone gives the same graph.
+				wantAux := map[string]int{"googlenet": 2, "inception_v3": 1}[name]
+				if len(g.Aux) != wantAux {
+					t.Fatalf("%d auxiliary outputs, want %d", len(g.Aux), wantAux)
+				}
+				for _, a := range g.Aux {
+					if !a.TrainOnly || a.Value.Channels != 1000 {
+						t.Errorf("aux %s: training only %v, %d classes", a.Name, a.TrainOnly, a.Value.Channels)
+					}
+				}
+				if wantAux > 0 {
+					sg, _, err := Recognize(ck, "auto")
+					if err != nil {
+						t.Fatal(err)
+					}
+					if a, b := strings.SplitN(sg.String(), "\n", 2)[1], strings.SplitN(g.String(), "\n", 2)[1]; a != b {
+						t.Errorf("the state dict's graph differs from the module's")
+					}
+				}
 				return
 			}
 			if err == nil || !strings.Contains(err.Error(), want) || failure.Of(err) != failure.Unsupported {
@@ -560,7 +582,7 @@ for name in sys.argv[2:]:
 	// The MobileNetV3 segmentation models: rebuilt from the tree, the
 	// dilation of the last blocks read from it (TestFullSizeTreeStateDicts
 	// compares them with their state dicts' graphs).
-	for _, name := range []string{"lraspp_mobilenet_v3_large", "deeplabv3_mobilenet_v3_large"} {
+	for _, name := range []string{"lraspp_mobilenet_v3_large", "deeplabv3_mobilenet_v3_large", "deeplabv3_mobilenet_v3_large_aux"} {
 		t.Run(name, func(t *testing.T) {
 			ck, m, err := pth.OpenModule(filepath.Join(dir, name+".pth"))
 			if err != nil {
@@ -575,6 +597,24 @@ for name in sys.argv[2:]:
 				t.Errorf("backbone.15.block.1.0 dilation %v", d)
 			}
 			checkCoverage(t, g, ck)
+			if !strings.HasSuffix(name, "_aux") {
+				return
+			}
+			// FCNHead(40, 21) on features[4], resized to the input; the
+			// state dict alone gives the same graph.
+			if len(g.Aux) != 1 || g.Aux[0].Name != "aux" || g.Aux[0].TrainOnly || g.Aux[0].Value.Channels != 21 {
+				t.Fatalf("aux %+v", g.Aux)
+			}
+			if in := g.Node("aux_classifier.0").Inputs[0]; !strings.HasPrefix(in.Producer.Name, "backbone.4.") {
+				t.Errorf("aux_classifier.0 reads %s, want features[4]'s output", in.Producer.Name)
+			}
+			sg, _, err := Recognize(ck, "auto")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if a, b := strings.SplitN(sg.String(), "\n", 2)[1], strings.SplitN(g.String(), "\n", 2)[1]; a != b {
+				t.Errorf("the state dict's graph differs from the module's")
+			}
 		})
 	}
 	for _, c := range []struct {

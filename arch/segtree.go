@@ -27,6 +27,7 @@ func registerSegmentationTrees() {
 	treeRoots[classLRASPP] = treeRoot{title: "lraspp", build: lrasppForward}
 	seq := func(b *chainBuilder, m *pth.Module, path string) error { return b.chain(m, path+".") }
 	blocks["torchvision.models.segmentation.deeplabv3.DeepLabHead"] = seq
+	blocks["torchvision.models.segmentation.fcn.FCNHead"] = seq
 	blocks["torchvision.models.segmentation.deeplabv3.ASPPConv"] = seq
 	blocks["torchvision.models.segmentation.deeplabv3.ASPP"] = asppTree
 	blocks["torchvision.models.segmentation.deeplabv3.ASPPPooling"] = asppPoolingTree
@@ -180,21 +181,24 @@ func lrasppForward(b *chainBuilder, m *pth.Module) error {
 }
 
 // deeplabMobileForward is DeepLabV3's forward over a MobileNetV3
-// backbone without an auxiliary classifier: backbone "out", classifier,
-// resized to the input's size.
+// backbone: backbone "out", classifier, resized to the input's size; with
+// an auxiliary classifier (aux_loss=True), that FCNHead on the backbone's
+// "aux" output, resized the same way, as the auxiliary output "aux" (the
+// model returns {"out": ..., "aux": ...} in eval and training alike).
 func deeplabMobileForward(b *chainBuilder, m *pth.Module) error {
 	if err := noAux(m); err != nil {
-		return failure.Unsupportedf("%v: the auxiliary head is a second output in training, which abnconvert's graph cannot hold yet; set model.aux_classifier = None and save again", err)
+		return failure.Unsupportedf("%v: want an FCNHead child or None", err)
 	}
 	kids, err := children(m, "backbone", "classifier", "aux_classifier")
 	if err != nil {
 		return err
 	}
+	want := []string{"out"}
 	if kids["aux_classifier"] != nil {
-		return failure.Unsupportedf("aux_classifier: the auxiliary head is a second output in training, which abnconvert's graph cannot hold yet; set model.aux_classifier = None and save again")
+		want = append(want, "aux")
 	}
 	b.startGraph()
-	outs, err := b.layerGetter(kids["backbone"], "backbone", "out")
+	outs, err := b.layerGetter(kids["backbone"], "backbone", want...)
 	if err != nil {
 		return err
 	}
@@ -202,7 +206,21 @@ func deeplabMobileForward(b *chainBuilder, m *pth.Module) error {
 	if err := b.run(m, kids, "", "classifier"); err != nil {
 		return err
 	}
-	b.cur = b.resizeTo("interpolate", b.cur, b.g.Input)
+	out := b.resizeTo("interpolate", b.cur, b.g.Input)
+	if kids["aux_classifier"] != nil {
+		b.cur = outs["aux"]
+		if err := b.run(m, kids, "", "aux_classifier"); err != nil {
+			return err
+		}
+		if b.cur.Channels != out.Channels {
+			return fmt.Errorf("aux_classifier gives %d classes, classifier %d", b.cur.Channels, out.Channels)
+		}
+		aux := b.resizeTo("aux_interpolate", b.cur, b.g.Input)
+		b.g.Output = out
+		b.g.OutputName = "out"
+		b.g.SetAux("aux", aux, false)
+	}
+	b.cur = out
 	return nil
 }
 
@@ -253,14 +271,15 @@ const segmentationBackboneNote = "the backbone is mobilenet_v3_large(dilated=Tru
 // synthMobileSegmentation mirrors _lraspp_mobilenetv3 and
 // _deeplabv3_mobilenetv3 over mobilenet_v3_large(dilated=True).
 func synthMobileSegmentation(s *synth, keys []string, _ string) (*pth.Module, error) {
+	aux := false
 	for _, k := range keys {
-		if strings.HasPrefix(k, "aux_classifier.") {
-			return nil, failure.Unsupportedf("the state dict holds an auxiliary head (%s), a second output in training, which abnconvert's graph cannot hold yet; "+
-				"load it into the model built with aux_loss=False with strict=False (the aux_classifier tensors are left out) and save that state_dict", k)
-		}
+		aux = aux || strings.HasPrefix(k, "aux_classifier.")
 	}
 	n := count(keys, "backbone")
 	lraspp := s.has("classifier.cbr.0.weight")
+	if aux && lraspp {
+		return nil, fmt.Errorf("aux_classifier.* beside an LRASPP head: torchvision's lraspp_mobilenet_v3_large has no auxiliary head")
+	}
 	if n != 17 {
 		return nil, fmt.Errorf("backbone has %d modules with tensors, torchvision's mobilenet_v3_large features 17", n)
 	}
@@ -316,6 +335,17 @@ func synthMobileSegmentation(s *synth, keys []string, _ string) (*pth.Module, er
 	c1, hw := s.conv("classifier.1", w, 1, same)
 	c4, _ := s.conv("classifier.4", hw, 1, noPad)
 	head := seq("torchvision.models.segmentation.deeplabv3.DeepLabHead", nil, aspp, c1, s.bn("classifier.2", eps, mom), act("ReLU"), c4)
+	if aux {
+		// aux_loss=True: FCNHead(40, num_classes) on features[4], the
+		// output of the fourth stage from the end (torchvision's aux_pos).
+		in, _ := integer(feats[4].Attr("out_channels"))
+		a0, mid := s.conv("aux_classifier.0", int(in), 1, same)
+		a4, _ := s.conv("aux_classifier.4", mid, 1, noPad)
+		ad := dropout(0.1)
+		ad.Attrs["inplace"] = false
+		fcn := seq("torchvision.models.segmentation.fcn.FCNHead", nil, a0, s.bn("aux_classifier.1", eps, mom), act("ReLU"), ad, a4)
+		return tree(classDeepLabV3, nil, kid("backbone", getter("16", "out", "4", "aux")), kid("classifier", head), kid("aux_classifier", fcn)), nil
+	}
 	return tree(classDeepLabV3, map[string]pth.Value{"aux_classifier": nil}, kid("backbone", getter("16", "out")), kid("classifier", head)), nil
 }
 

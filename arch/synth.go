@@ -585,19 +585,10 @@ func (s *synth) basicConv2d(class, path string, in, stride int, p pad) (*pth.Mod
 	return tree(class, nil, kid("conv", c), kid("bn", s.bn(path+".bn", 0.001, 0.1))), out
 }
 
-func refuseAux(keys []string, aux, how string) error {
-	for _, k := range keys {
-		if strings.HasPrefix(k, aux) {
-			return failure.Unsupportedf("the state dict holds auxiliary classifier tensors (%s), a second output in training, which abnconvert's graph cannot hold yet; %s", k, how)
-		}
-	}
-	return nil
-}
-
 func synthGoogLeNet(s *synth, keys []string, _ string) (*pth.Module, error) {
-	if err := refuseAux(keys, "aux", "load it into torchvision.models.googlenet(aux_logits=False, init_weights=False) with strict=False (the aux1 and aux2 tensors are left out) and save that state_dict"); err != nil {
-		return nil, err
-	}
+	// aux1.* and aux2.* keys: googlenet(aux_logits=True), the
+	// constructor's default, with both InceptionAux heads.
+	aux := s.has("aux1.conv.conv.weight")
 	const bc = "torchvision.models.googlenet.BasicConv2d"
 	conv1, c := s.basicConv2d(bc, "conv1", 3, 2, same)
 	conv2, c := s.basicConv2d(bc, "conv2", c, 1, same)
@@ -625,10 +616,25 @@ func synthGoogLeNet(s *synth, keys []string, _ string) (*pth.Module, error) {
 			kid("branch4", seq(classSequential, nil, maxPool(3, 1, 1, true), b4)))))
 		c = o1 + o2 + o3 + o4
 	}
+	if aux {
+		for _, name := range []string{"aux1", "aux2"} {
+			in := 0
+			if sh := s.shape(name + ".conv.conv.weight"); len(sh) == 4 {
+				in = sh[1]
+			}
+			conv, _ := s.basicConv2d(bc, name+".conv", in, 1, same)
+			fc1, _ := s.linear(name + ".fc1")
+			fc2, _ := s.linear(name + ".fc2")
+			drop := dropout(0.7)
+			drop.Attrs["inplace"] = false
+			kids = append(kids, kid(name, tree("torchvision.models.googlenet.InceptionAux", nil,
+				kid("conv", conv), kid("fc1", fc1), kid("fc2", fc2), kid("dropout", drop))))
+		}
+	}
 	fc, _ := s.linear("fc")
 	kids = append(kids, kid("avgpool", adaptive(tuple2([2]int{1, 1}))), kid("dropout", dropout(0.2)), kid("fc", fc))
 	kids[len(kids)-2].Module.Attrs["inplace"] = false
-	return tree("torchvision.models.googlenet.GoogLeNet", map[string]pth.Value{"aux_logits": false, "transform_input": false}, kids...), nil
+	return tree("torchvision.models.googlenet.GoogLeNet", map[string]pth.Value{"aux_logits": aux, "transform_input": false}, kids...), nil
 }
 
 // inception3Unpadded are Inception3's convolutions without padding (the
@@ -641,9 +647,9 @@ var (
 )
 
 func synthInception3(s *synth, keys []string, _ string) (*pth.Module, error) {
-	if err := refuseAux(keys, "AuxLogits.", "load it into torchvision.models.inception_v3(aux_logits=False, init_weights=False) with strict=False (the AuxLogits tensors are left out) and save that state_dict"); err != nil {
-		return nil, err
-	}
+	// AuxLogits.* keys: inception_v3(aux_logits=True), the constructor's
+	// default, with its InceptionAux head.
+	aux := s.has("AuxLogits.conv0.conv.weight")
 	const bc = "torchvision.models.inception.BasicConv2d"
 	basic := func(path string, in int) (*pth.Module, int) {
 		p, st := same, 1
@@ -697,11 +703,22 @@ func synthInception3(s *synth, keys []string, _ string) (*pth.Module, error) {
 		kids = append(kids, kid(blk.name, tree("torchvision.models.inception."+blk.class, nil, bk...)))
 		c = out
 	}
+	if aux {
+		in := 0
+		if sh := s.shape("AuxLogits.conv0.conv.weight"); len(sh) == 4 {
+			in = sh[1]
+		}
+		conv0, m := s.basicConv2d(bc, "AuxLogits.conv0", in, 1, noPad)
+		conv1, _ := s.basicConv2d(bc, "AuxLogits.conv1", m, 1, noPad)
+		afc, _ := s.linear("AuxLogits.fc")
+		kids = append(kids, kid("AuxLogits", tree("torchvision.models.inception.InceptionAux", nil,
+			kid("conv0", conv0), kid("conv1", conv1), kid("fc", afc))))
+	}
 	fc, _ := s.linear("fc")
 	d := dropout(0.5)
 	d.Attrs["inplace"] = false
 	kids = append(kids, kid("avgpool", adaptive(tuple2([2]int{1, 1}))), kid("dropout", d), kid("fc", fc))
-	return tree("torchvision.models.inception.Inception3", map[string]pth.Value{"aux_logits": false, "transform_input": false}, kids...), nil
+	return tree("torchvision.models.inception.Inception3", map[string]pth.Value{"aux_logits": aux, "transform_input": false}, kids...), nil
 }
 
 // treeSignature digests a state dict's keys and shapes, the final

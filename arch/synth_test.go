@@ -39,10 +39,9 @@ func TestTreeStateDictKeys(t *testing.T) {
 	}
 }
 
-// TestTreeStateDictRefusals: torchvision's default googlenet() and
-// inception_v3() (aux_logits=True) state dicts are refused saying how to
-// save them without the auxiliary classifiers; a truncated or renamed
-// layout names what is missing; a forced wrong name is a mismatch.
+// TestTreeStateDictRefusals: a truncated auxiliary classifier, or a
+// truncated or renamed layout, names what is missing; a forced wrong name
+// is a mismatch.
 func TestTreeStateDictRefusals(t *testing.T) {
 	keys := loadKeyFile(t, "torchvision_tree_keys.json.gz")
 	cases := []struct {
@@ -51,13 +50,12 @@ func TestTreeStateDictRefusals(t *testing.T) {
 		want string
 		kind failure.Kind
 	}{
-		{"googlenet aux", append(append([]tensor{}, keys["googlenet"]...), tensor{"aux1.conv.conv.weight", []int{128, 512, 1, 1}}),
-			"googlenet state dict: the state dict holds auxiliary classifier tensors (aux1.conv.conv.weight), a second output in training, which abnconvert's graph cannot hold yet; " +
-				"load it into torchvision.models.googlenet(aux_logits=False, init_weights=False) with strict=False", failure.Unsupported},
-		{"inception aux", append(append([]tensor{}, keys["inception_v3"]...), tensor{"AuxLogits.conv0.conv.weight", []int{128, 768, 1, 1}}),
-			"inception_v3(aux_logits=False", failure.Unsupported},
-		{"deeplabv3 mobilenet aux", append(append([]tensor{}, keys["deeplabv3_mobilenet_v3_large"]...), tensor{"aux_classifier.0.weight", []int{10, 40, 3, 3}}),
-			"aux_loss=False with strict=False", failure.Unsupported},
+		{"googlenet aux truncated", append(append([]tensor{}, keys["googlenet"]...), tensor{"aux1.conv.conv.weight", []int{128, 512, 1, 1}}),
+			"the googlenet layout lacks 13 keys: aux1.conv.bn.weight", failure.BadInput},
+		{"inception aux truncated", append(append([]tensor{}, keys["inception_v3"]...), tensor{"AuxLogits.conv0.conv.weight", []int{128, 768, 1, 1}}),
+			"the inception_v3 layout lacks 10 keys: AuxLogits.conv0.bn.weight", failure.BadInput},
+		{"deeplabv3 mobilenet aux truncated", append(append([]tensor{}, keys["deeplabv3_mobilenet_v3_large"]...), tensor{"aux_classifier.0.weight", []int{10, 40, 3, 3}}),
+			"aux_classifier.1.weight", failure.BadInput},
 		{"mobilenet_v2 missing", edit(keys["mobilenet_v2"], `^features\.5\.conv\.1\.0\.weight$`, nil), "lacks 1 keys: features.5.conv.1.0.weight", failure.BadInput},
 		{"mobilenet_v2 short", edit(keys["mobilenet_v2"], `^features\.18\.`, nil), "features has 18 modules", failure.BadInput},
 		{"mobilenet_v3 blocks", edit(keys["mobilenet_v3_small"], `^features\.12\.`, nil), "features has 10 blocks", failure.BadInput},

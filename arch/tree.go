@@ -250,14 +250,25 @@ func googlenetForward(b *chainBuilder, m *pth.Module) error {
 	if err != nil {
 		return err
 	}
-	if kids["aux1"] != nil || kids["aux2"] != nil || m.Attr("aux_logits") != false {
-		// In training, GoogLeNet returns the auxiliary logits too.
-		return failure.Unsupportedf("aux_logits %s: the auxiliary classifiers are second and third outputs in training, which abnconvert's graph cannot hold yet; "+
-			"set model.aux_logits = False; model.aux1 = model.aux2 = None and save again", describe(m.Attr("aux_logits")))
+	aux, ok := m.Attr("aux_logits").(bool)
+	if !ok || aux != (kids["aux1"] != nil) || aux != (kids["aux2"] != nil) {
+		return failure.Unsupportedf("aux_logits %s with aux1 %s and aux2 %s: torchvision's GoogLeNet has both auxiliary classifiers with aux_logits=True and neither with False",
+			describe(m.Attr("aux_logits")), present(kids["aux1"]), present(kids["aux2"]))
 	}
+	// In training, GoogLeNet returns (logits, aux_logits2, aux_logits1)
+	// from aux1 on inception4a's output and aux2 on inception4d's (see
+	// below for which is which); in eval the logits alone.
+	var heads [2]*graph.Value
 	for _, name := range order {
 		if err := b.run(m, kids, "", name); err != nil {
 			return err
+		}
+		if k := map[string]int{"inception4a": 1, "inception4d": 2}[name]; aux && k > 0 {
+			x := b.cur
+			if err := googlenetAux(b, kids[fmt.Sprintf("aux%d", k)], fmt.Sprintf("aux%d", k)); err != nil {
+				return err
+			}
+			heads[k-1], b.cur = b.cur, x
 		}
 		if name == "avgpool" {
 			if b.cur.Producer.Attr.OutputSize != [2]int{1, 1} {
@@ -266,12 +277,68 @@ func googlenetForward(b *chainBuilder, m *pth.Module) error {
 			b.globalPool("avgpool", true)
 		}
 	}
+	if aux {
+		// What torchvision 0.14 returns, not what its names say: _forward
+		// returns (x, aux2, aux1), forward unpacks it as x, aux1, aux2, so
+		// GoogLeNetOutputs' aux_logits2 field holds aux1's logits and
+		// aux_logits1 aux2's. A training loop reads them by position or
+		// name; both must find what the original gives.
+		b.g.Output = b.cur
+		b.g.OutputName = "logits"
+		b.g.SetAux("aux_logits2", heads[0], true)
+		b.g.SetAux("aux_logits1", heads[1], true)
+	}
+	return nil
+}
+
+func present(m *pth.Module) string {
+	if m == nil {
+		return "absent"
+	}
+	return "present"
+}
+
+// googlenetAux is GoogLeNet's InceptionAux: F.adaptive_avg_pool2d(x, (4,
+// 4)), conv (a BasicConv2d), flatten, F.relu(fc1) in place, dropout, fc2.
+func googlenetAux(b *chainBuilder, m *pth.Module, path string) error {
+	if m.Class != "torchvision.models.googlenet.InceptionAux" {
+		return failure.Unsupportedf("%s is a %s, not torchvision's googlenet.InceptionAux", path, m.ShortClass())
+	}
+	if err := checkAttrs(m); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	kids, err := children(m, "conv", "fc1", "fc2", "dropout")
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	c := b.cur.Channels
+	b.cur = b.g.Add(path+".pool", graph.OpAdaptiveAvgPool, graph.Attr{OutputSize: [2]int{4, 4}}, nil, b.cur)
+	b.cur.Channels = c
+	if err := b.run(m, kids, path, "conv"); err != nil {
+		return err
+	}
+	c = b.cur.Channels * 16
+	b.cur = b.g.Add(path+".flatten", graph.OpFlatten, graph.Attr{StartDim: 1}, nil, b.cur)
+	b.cur.Channels = c
+	if err := b.run(m, kids, path, "fc1"); err != nil {
+		return err
+	}
+	c = b.cur.Channels
+	b.cur = b.g.Add(path+".relu", graph.OpReLU, graph.Attr{}, nil, b.cur)
+	b.cur.Channels = c
+	for _, name := range []string{"dropout", "fc2"} {
+		if err := b.run(m, kids, path, name); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
 // basicConv is GoogLeNet's BasicConv2d: conv, bn, then F.relu.
 func basicConv(b *chainBuilder, m *pth.Module, path string) error {
-	if err := checkAttrs(m); err != nil {
+	// stddev: Inception3 sets it on AuxLogits.conv1 for init_weights
+	// only; the forward never reads it.
+	if err := checkAttrs(m, "stddev"); err != nil {
 		return err
 	}
 	kids, err := children(m, "conv", "bn")
@@ -507,11 +574,22 @@ func inception3Forward(b *chainBuilder, m *pth.Module) error {
 	if err != nil {
 		return err
 	}
-	if kids["AuxLogits"] != nil || m.Attr("aux_logits") != false {
-		return failure.Unsupportedf("aux_logits %s: the auxiliary classifier is a second output in training, which abnconvert's graph cannot hold yet; "+
-			"set model.aux_logits = False; model.AuxLogits = None and save again", describe(m.Attr("aux_logits")))
+	aux, ok := m.Attr("aux_logits").(bool)
+	if !ok || aux != (kids["AuxLogits"] != nil) {
+		return failure.Unsupportedf("aux_logits %s with AuxLogits %s: torchvision's Inception3 has the auxiliary classifier with aux_logits=True and not with False",
+			describe(m.Attr("aux_logits")), present(kids["AuxLogits"]))
 	}
+	var head *graph.Value
 	for _, name := range order {
+		if name == "Mixed_7a" && aux {
+			// In training, InceptionOutputs(logits, aux_logits): AuxLogits
+			// on Mixed_6e's output; in eval the logits alone.
+			x := b.cur
+			if err := inception3Aux(b, kids["AuxLogits"], "AuxLogits"); err != nil {
+				return err
+			}
+			head, b.cur = b.cur, x
+		}
 		if name == "fc" {
 			// torch.flatten(x, 1) after the dropout.
 			c := b.cur.Channels
@@ -525,7 +603,43 @@ func inception3Forward(b *chainBuilder, m *pth.Module) error {
 			return failure.Unsupportedf("avgpool is not AdaptiveAvgPool2d((1, 1))")
 		}
 	}
+	if aux {
+		b.g.Output = b.cur
+		b.g.OutputName = "logits"
+		b.g.SetAux("aux_logits", head, true)
+	}
 	return nil
+}
+
+// inception3Aux is Inception3's InceptionAux: F.avg_pool2d(x, 5,
+// stride=3), conv0 and conv1 (BasicConv2d), F.adaptive_avg_pool2d(x, (1,
+// 1)), flatten, fc. Its input must be at least 17x17 (Mixed_6e's size at
+// 299x299) for conv1's 5x5 kernel.
+func inception3Aux(b *chainBuilder, m *pth.Module, path string) error {
+	if m.Class != "torchvision.models.inception.InceptionAux" {
+		return failure.Unsupportedf("%s is a %s, not torchvision's inception.InceptionAux", path, m.ShortClass())
+	}
+	if err := checkAttrs(m); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	kids, err := children(m, "conv0", "conv1", "fc")
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	c := b.cur.Channels
+	b.cur = b.g.Add(path+".avg_pool", graph.OpAvgPool, graph.Attr{KernelSize: [2]int{5, 5}, Stride: [2]int{3, 3}, CountIncludePad: true}, nil, b.cur)
+	b.cur.Channels = c
+	for _, name := range []string{"conv0", "conv1"} {
+		if err := b.run(m, kids, path, name); err != nil {
+			return err
+		}
+	}
+	c = b.cur.Channels
+	b.cur = b.g.Add(path+".pool", graph.OpAdaptiveAvgPool, graph.Attr{OutputSize: [2]int{1, 1}}, nil, b.cur)
+	b.cur.Channels = c
+	b.cur = b.g.Add(path+".flatten", graph.OpFlatten, graph.Attr{StartDim: 1}, nil, b.cur)
+	b.cur.Channels = c
+	return b.run(m, kids, path, "fc")
 }
 
 // An Inception-v3 branch step: a child module, a functional pool

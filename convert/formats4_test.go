@@ -347,6 +347,7 @@ func TestGraphFile(t *testing.T) {
 		{"module prefix", variant("prefixed", func(k string) string { return "module." + k }, "", "", ""), nil},
 		{"missing", variant("missing", same, "bn_b.running_var", "", ""), []string{"1 tensor(s) the graph reads are missing from the state dict: bn_b.running_var"}},
 		{"extra", variant("extra", same, "", "", "head.weight"), []string{"1 tensor(s) of the state dict are not in the graph: head.weight"}},
+		{"auxiliary classifier", variant("aux", same, "", "", "aux1.fc1.weight"), []string{"not in the graph: aux1.fc1.weight (auxiliary classifiers: an eval-mode export"}},
 		{"shape", variant("shape", same, "", "conv_a.weight", ""), []string{"conv_a.weight [576] (graph: [8 8 3 3])"}},
 		{"all three", variant("all", same, "fc.bias", "stem.weight", "x.y"), []string{"missing from the state dict: fc.bias", "not in the graph: x.y", "stem.weight [216] (graph: [8 3 3 3])"}},
 	}

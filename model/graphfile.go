@@ -105,7 +105,17 @@ func graphFromONNX(path string, w graph.Weights) (*graph.Graph, *arch.Match, err
 			parts = append(parts, fmt.Sprintf("%d tensor(s) the graph reads are missing from the state dict: %s", len(missing), summarize(missing, 8)))
 		}
 		if len(extra) > 0 {
-			parts = append(parts, fmt.Sprintf("%d tensor(s) of the state dict are not in the graph: %s", len(extra), summarize(extra, 8)))
+			hint := ""
+			for _, k := range extra {
+				if strings.HasPrefix(k, "aux1.") || strings.HasPrefix(k, "aux2.") || strings.HasPrefix(k, "AuxLogits.") {
+					// GoogLeNet and Inception3 run their auxiliary
+					// classifiers in training only: an eval export
+					// has none.
+					hint = " (auxiliary classifiers: an eval-mode export of GoogLeNet or Inception3 leaves them out; convert the whole pickled module or the state dict without --graph, which keep them as training-only outputs)"
+					break
+				}
+			}
+			parts = append(parts, fmt.Sprintf("%d tensor(s) of the state dict are not in the graph: %s%s", len(extra), summarize(extra, 8), hint))
 		}
 		if len(shapes) > 0 {
 			parts = append(parts, fmt.Sprintf("%d tensor(s) have another shape in the state dict: %s", len(shapes), summarize(shapes, 8)))
