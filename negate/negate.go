@@ -9,6 +9,7 @@ import (
 	"hash/crc32"
 	"io"
 	"sort"
+	"sync"
 )
 
 // Layout is where a tensor's channels and sign bits lie in its bytes:
@@ -157,4 +158,145 @@ func Values(v []float64, n0 int, chans []int) {
 			v[i] = -v[i]
 		}
 	}
+}
+
+// CRCDelta is what flipping the sign bits of the channels chans (sorted)
+// does to the CRC-32 (IEEE) of the tensor's bytes [pos, pos+n):
+//
+//	crc32.ChecksumIEEE(flipped) == crc32.ChecksumIEEE(original) ^ l.CRCDelta(chans, pos, n)
+//
+// CRC-32 is affine over GF(2), so the change is the CRC, from a zero
+// state, of the flip mask alone: 0x80 at every sign byte of the flipped
+// channels, zero elsewhere. The mask is a few runs of one repeated element,
+// whose CRC comes from doubling and shifts (multiplications by powers of x
+// modulo the polynomial), so a copy that flips signs gets its output's CRC
+// from its input's without reading the output: O(runs · log n), not O(n).
+func (l Layout) CRCDelta(chans []int, pos, n int64) uint32 {
+	lo, hi := pos, pos+n
+	i := sort.Search(len(chans), func(i int) bool { return int64(chans[i]+1)*l.ChannelBytes > lo })
+	var acc uint32
+	cur := lo
+	for i < len(chans) {
+		cs := int64(chans[i]) * l.ChannelBytes
+		if cs >= hi {
+			break
+		}
+		// Consecutive channels are one run.
+		j := i
+		for j+1 < len(chans) && chans[j+1] == chans[j]+1 && int64(chans[j+1])*l.ChannelBytes < hi {
+			j++
+		}
+		ce := int64(chans[j]+1) * l.ChannelBytes
+		a, e := max(cs, lo), min(ce, hi)
+		first := cs + ((a-cs+l.ElemSize-1-l.SignByte)/l.ElemSize)*l.ElemSize + l.SignByte
+		if first < e {
+			m := (e-1-first)/l.ElemSize + 1 // sign bytes in [a, e)
+			last := first + (m-1)*l.ElemSize
+			// The run's mask from its first sign byte is the
+			// element (zeros, then 0x80 at SignByte) repeated m
+			// times less its leading zeros, which a zero state
+			// does not see, then e-last-1 zeros.
+			acc = shift(acc, e-cur) ^ shift(l.repeated(m), e-last-1)
+			cur = e
+		}
+		if ce > hi {
+			break
+		}
+		i = j + 1
+	}
+	return shift(acc, hi-cur)
+}
+
+// repeated is the CRC from a zero state of a run's mask from its first
+// sign byte: 0x80, then m-1 times (ElemSize-1 zeros, 0x80). Cached: a
+// checkpoint's runs have few lengths.
+func (l Layout) repeated(m int64) uint32 {
+	key := [2]int64{l.ElemSize, m}
+	repeatMu.Lock()
+	defer repeatMu.Unlock()
+	if v, ok := repeatCache[key]; ok {
+		return v
+	}
+	unit := make([]byte, l.ElemSize)
+	unit[l.ElemSize-1] = 0x80
+	w1 := rawCRC(unit)
+	// w is the CRC of k units, by doubling over the bits of m-1.
+	var w uint32
+	k := int64(0)
+	for b := 62; b >= 0; b-- {
+		if k > 0 {
+			w = shift(w, k*l.ElemSize) ^ w
+			k *= 2
+		}
+		if (m-1)>>b&1 != 0 {
+			w = shift(w, l.ElemSize) ^ w1
+			k++
+		}
+	}
+	v := shift(rawCRC([]byte{0x80}), k*l.ElemSize) ^ w
+	repeatCache[key] = v
+	return v
+}
+
+var (
+	repeatMu    sync.Mutex
+	repeatCache = map[[2]int64]uint32{}
+)
+
+// rawCRC is the CRC-32 (IEEE) register after b from a zero state, without
+// the standard's initial and final inversions: linear in b.
+func rawCRC(b []byte) uint32 { return ^crc32.Update(0xffffffff, crc32.IEEETable, b) }
+
+// shift is the register after n zero bytes from state v: v times x^(8n)
+// modulo the (reflected) polynomial, by the powers x^(2^k) (zlib's
+// multmodp and x2nmodp).
+func shift(v uint32, n int64) uint32 {
+	if v == 0 || n <= 0 {
+		return v
+	}
+	p := uint32(1) << 31 // x^0
+	for k := 3; n != 0; n, k = n>>1, k+1 {
+		if n&1 != 0 {
+			p = multModP(x2n[k&31], p)
+		}
+	}
+	return multModP(p, v)
+}
+
+// x2n[k] is x^(2^k) modulo the polynomial; zlib indexes it modulo 32 (the
+// powers repeat with that period; TestShiftComposes checks it past 2^32
+// bytes).
+var x2n = func() (t [32]uint32) {
+	p := uint32(1) << 30 // x^1
+	t[0] = p
+	for k := 1; k < 32; k++ {
+		p = multModP(p, p)
+		t[k] = p
+	}
+	return t
+}()
+
+// multModP multiplies a and b modulo the CRC-32 polynomial, both in the
+// reflected representation (bit 31 is x^0).
+func multModP(a, b uint32) uint32 {
+	if a == 0 {
+		return 0
+	}
+	m := uint32(1) << 31
+	var p uint32
+	for {
+		if a&m != 0 {
+			p ^= b
+			if a&(m-1) == 0 {
+				break
+			}
+		}
+		m >>= 1
+		if b&1 != 0 {
+			b = b>>1 ^ 0xedb88320
+		} else {
+			b >>= 1
+		}
+	}
+	return p
 }

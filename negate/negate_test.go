@@ -2,7 +2,9 @@ package negate
 
 import (
 	"bytes"
+	"hash/crc32"
 	"io"
+	"math/rand/v2"
 	"testing"
 )
 
@@ -79,6 +81,61 @@ func TestAnyNonzero(t *testing.T) {
 	for _, tc := range tests {
 		if got := l.AnyNonzero(tc.b); got != tc.want {
 			t.Errorf("AnyNonzero(% x) = %v, want %v", tc.b, got, tc.want)
+		}
+	}
+}
+
+// TestCRCDelta: the CRC of a tensor's bytes with channels' signs flipped
+// is the original's CRC changed by CRCDelta, for every float width, sign
+// byte, channel set (runs and single channels) and window, aligned to
+// elements or not.
+func TestCRCDelta(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for trial := 0; trial < 400; trial++ {
+		es := []int{2, 4, 8}[r.IntN(3)]
+		shape := []int{1 + r.IntN(12), 1 + r.IntN(5), 1 + r.IntN(3)}
+		l, ok := FloatLayout(true, es, shape)
+		if !ok {
+			t.Fatal("no layout")
+		}
+		if trial%5 == 0 {
+			l.SignByte = int64(r.IntN(es)) // any sign byte position
+		}
+		total := int64(shape[0]) * l.ChannelBytes
+		data := make([]byte, total)
+		for i := range data {
+			data[i] = byte(r.Uint32())
+		}
+		var chans []int
+		for c := 0; c < shape[0]; c++ {
+			if r.IntN(3) == 0 {
+				chans = append(chans, c)
+			}
+		}
+		pos := r.Int64N(total)
+		n := r.Int64N(total-pos) + 1
+		win := append([]byte(nil), data[pos:pos+n]...)
+		want := crc32.ChecksumIEEE(win)
+		l.Apply(chans, pos, win)
+		got := crc32.ChecksumIEEE(data[pos:pos+n]) ^ l.CRCDelta(chans, pos, n)
+		if flipped := crc32.ChecksumIEEE(win); got != flipped {
+			t.Fatalf("trial %d: es %d sign byte %d shape %v chans %v window [%d, %d): CRC %08x, want %08x (unflipped %08x)",
+				trial, es, l.SignByte, shape, chans, pos, pos+n, got, flipped, want)
+		}
+	}
+}
+
+// TestShiftComposes: shift by a+b is shift by a then b, past 2^32 bytes
+// (where the powers table wraps), and agrees with appending zeros.
+func TestShiftComposes(t *testing.T) {
+	v := rawCRC([]byte("abnconvert"))
+	zeros := make([]byte, 1000)
+	if got, want := shift(v, 1000), ^crc32.Update(^v, crc32.IEEETable, zeros); got != want {
+		t.Fatalf("shift by 1000: %08x, appending zeros %08x", got, want)
+	}
+	for _, ab := range [][2]int64{{1 << 32, 5}, {3 << 33, 1<<34 + 7}, {1<<40 - 1, 1}} {
+		if got, want := shift(shift(v, ab[0]), ab[1]), shift(v, ab[0]+ab[1]); got != want {
+			t.Errorf("shift by %d then %d: %08x, by the sum %08x", ab[0], ab[1], got, want)
 		}
 	}
 }

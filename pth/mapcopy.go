@@ -14,9 +14,9 @@ import (
 // the input, a window at a time: write(2) then copies page cache to page
 // cache once, where read(2) into a buffer and write(2) out of it copy every
 // byte twice. The record's CRC is checked on the way (each byte is read
-// once: the output's CRC is combined from the same chunk CRCs, recomputed
-// only for chunks the sign flips of t's pending negations touch, which are
-// applied in a scratch copy). The windows are unmapped as the copy moves
+// once: the output's CRC is combined from the same chunk CRCs, changed for
+// the chunks the sign flips of t's pending negations touch by the flips'
+// own CRC, without reading the flipped copy the flips are applied in). The windows are unmapped as the copy moves
 // on, so resident memory stays at one window whatever the file's size.
 func (c *Checkpoint) copyMapped(z *zipWriter, name string, st *Storage, t *Tensor) (err error) {
 	const (
@@ -82,7 +82,10 @@ func (c *Checkpoint) copyMapped(z *zipWriter, name string, st *Storage, t *Tenso
 				out = z.buf[:len(b)]
 				copy(out, b)
 				l.Apply(chans, pos, out)
-				outSums[k], flipped[k] = crc32.ChecksumIEEE(out), true
+				// The flipped chunk's CRC is the input chunk's changed
+				// by the flip mask's (negate.CRCDelta): no pass over
+				// the output.
+				outSums[k], flipped[k] = l.CRCDelta(chans, pos, int64(len(b))), true
 			}
 			var w int
 			w, err = z.w.Write(out)
@@ -94,7 +97,9 @@ func (c *Checkpoint) copyMapped(z *zipWriter, name string, st *Storage, t *Tenso
 		for k, sum := range sums {
 			ln := min(int64(k+1)*chunk, n) - int64(k)*chunk
 			crcIn = crc32Combine(crcIn, sum, ln)
-			if !flipped[k] {
+			if flipped[k] {
+				outSums[k] ^= sum
+			} else {
 				outSums[k] = sum
 			}
 			crcOut = crc32Combine(crcOut, outSums[k], ln)
