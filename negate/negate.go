@@ -6,6 +6,7 @@
 package negate
 
 import (
+	"encoding/binary"
 	"hash/crc32"
 	"io"
 	"sort"
@@ -133,17 +134,105 @@ func (l Layout) apply(chans []int, next int, pos int64, b []byte) int {
 			break
 		}
 		a, e := max(cs, lo), min(ce, hi)
-		// The first sign byte at or after a within this channel.
-		first := cs + ((a-cs+l.ElemSize-1-l.SignByte)/l.ElemSize)*l.ElemSize + l.SignByte
-		for i := first; i < e; i += l.ElemSize {
-			b[i-lo] ^= 0x80
-		}
+		l.xorRun(b[a-lo:e-lo], b[a-lo:e-lo], a-cs)
 		if ce > hi {
 			break
 		}
 		next++
 	}
 	return next
+}
+
+// CopyApply is copy(dst, src) then Apply(chans, pos, dst), in one pass:
+// src is the tensor's bytes from offset pos, dst as long.
+func (l Layout) CopyApply(dst, src []byte, chans []int, pos int64) {
+	lo, hi := pos, pos+int64(len(src))
+	i := sort.Search(len(chans), func(i int) bool { return int64(chans[i]+1)*l.ChannelBytes > lo })
+	cur := lo
+	for i < len(chans) {
+		cs := int64(chans[i]) * l.ChannelBytes
+		if cs >= hi {
+			break
+		}
+		j := i
+		for j+1 < len(chans) && chans[j+1] == chans[j]+1 && int64(chans[j+1])*l.ChannelBytes < hi {
+			j++
+		}
+		ce := int64(chans[j]+1) * l.ChannelBytes
+		a, e := max(cs, lo), min(ce, hi)
+		copy(dst[cur-lo:a-lo], src[cur-lo:a-lo])
+		l.xorRun(dst[a-lo:e-lo], src[a-lo:e-lo], a-cs)
+		cur = e
+		if ce > hi {
+			break
+		}
+		i = j + 1
+	}
+	copy(dst[cur-lo:], src[cur-lo:])
+}
+
+// Segments is CopyApply without the copy: it flips the channels' runs of
+// src into dst (at the same offsets) and returns, appended to vec, the
+// pieces that make the flipped bytes in order: src where nothing flips,
+// dst where it does. A vectored write of them writes what CopyApply's dst
+// holds, and the unflipped bytes are never copied.
+func (l Layout) Segments(dst, src []byte, chans []int, pos int64, vec [][]byte) [][]byte {
+	lo, hi := pos, pos+int64(len(src))
+	i := sort.Search(len(chans), func(i int) bool { return int64(chans[i]+1)*l.ChannelBytes > lo })
+	cur := lo
+	for i < len(chans) {
+		cs := int64(chans[i]) * l.ChannelBytes
+		if cs >= hi {
+			break
+		}
+		j := i
+		for j+1 < len(chans) && chans[j+1] == chans[j]+1 && int64(chans[j+1])*l.ChannelBytes < hi {
+			j++
+		}
+		ce := int64(chans[j]+1) * l.ChannelBytes
+		a, e := max(cs, lo), min(ce, hi)
+		if a > cur {
+			vec = append(vec, src[cur-lo:a-lo])
+		}
+		l.xorRun(dst[a-lo:e-lo], src[a-lo:e-lo], a-cs)
+		vec = append(vec, dst[a-lo:e-lo])
+		cur = e
+		if ce > hi {
+			break
+		}
+		i = j + 1
+	}
+	if hi > cur {
+		vec = append(vec, src[cur-lo:])
+	}
+	return vec
+}
+
+// xorRun writes src to dst (the same length; they may be the same slice)
+// with every sign bit flipped, src starting at byte phase of an element
+// run. Eight bytes at a time where the element size divides 8 (every
+// float), one word mask serving the whole run.
+func (l Layout) xorRun(dst, src []byte, phase int64) {
+	es := l.ElemSize
+	k := 0
+	if es > 0 && 8%es == 0 {
+		var w uint64
+		for b := int64(0); b < 8; b++ {
+			if (phase+b)%es == l.SignByte {
+				w |= 0x80 << (8 * b)
+			}
+		}
+		for ; k+8 <= len(src); k += 8 {
+			binary.LittleEndian.PutUint64(dst[k:], binary.LittleEndian.Uint64(src[k:])^w)
+		}
+	}
+	for ; k < len(src); k++ {
+		x := src[k]
+		if (phase+int64(k))%es == l.SignByte {
+			x ^= 0x80
+		}
+		dst[k] = x
+	}
 }
 
 // Values negates decoded row-major values of the listed channels in place,

@@ -139,3 +139,56 @@ func TestShiftComposes(t *testing.T) {
 		}
 	}
 }
+
+// TestCopyApply: the one-pass copy and flip writes what copy then a byte
+// by byte flip of every sign byte writes, for every float width and sign
+// byte, any window, in place too.
+func TestCopyApply(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	for trial := 0; trial < 400; trial++ {
+		es := []int{2, 4, 8}[r.IntN(3)]
+		shape := []int{1 + r.IntN(12), 1 + r.IntN(7), 1 + r.IntN(3)}
+		l, _ := FloatLayout(true, es, shape)
+		if trial%4 == 0 {
+			l.SignByte = int64(r.IntN(es))
+		}
+		total := int64(shape[0]) * l.ChannelBytes
+		src := make([]byte, total)
+		for i := range src {
+			src[i] = byte(r.Uint32())
+		}
+		var chans []int
+		for c := 0; c < shape[0]; c++ {
+			if r.IntN(2) == 0 {
+				chans = append(chans, c)
+			}
+		}
+		pos := r.Int64N(total)
+		n := r.Int64N(total-pos) + 1
+		// The reference: every sign byte of a listed channel, one by one.
+		want := append([]byte(nil), src[pos:pos+n]...)
+		in := map[int]bool{}
+		for _, c := range chans {
+			in[c] = true
+		}
+		for i := pos; i < pos+n; i++ {
+			if in[int(i/l.ChannelBytes)] && (i%l.ChannelBytes)%l.ElemSize == l.SignByte {
+				want[i-pos] ^= 0x80
+			}
+		}
+		got := make([]byte, n)
+		l.CopyApply(got, src[pos:pos+n], chans, pos)
+		if !bytes.Equal(got, want) {
+			t.Fatalf("trial %d: CopyApply es %d sign %d shape %v chans %v [%d, %d) differs", trial, es, l.SignByte, shape, chans, pos, pos+n)
+		}
+		scratch := make([]byte, n)
+		if vec := l.Segments(scratch, src[pos:pos+n], chans, pos, nil); !bytes.Equal(bytes.Join(vec, nil), want) {
+			t.Fatalf("trial %d: Segments es %d sign %d shape %v chans %v [%d, %d) differ", trial, es, l.SignByte, shape, chans, pos, pos+n)
+		}
+		inPlace := append([]byte(nil), src[pos:pos+n]...)
+		l.Apply(chans, pos, inPlace)
+		if !bytes.Equal(inPlace, want) {
+			t.Fatalf("trial %d: Apply es %d sign %d shape %v chans %v [%d, %d) differs", trial, es, l.SignByte, shape, chans, pos, pos+n)
+		}
+	}
+}

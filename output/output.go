@@ -174,6 +174,37 @@ func (f *File) Write(p []byte) (int, error) {
 	return n, f.err
 }
 
+// WriteVec appends bufs in order, as Write of each would, in as few
+// writev(2) calls as the kernel allows: a copy that interleaves bytes
+// mapped from its input with bytes it changed hands the kernel both
+// without first gathering them into one buffer. Under an injected fault it
+// is Write of each.
+func (f *File) WriteVec(bufs [][]byte) (int, error) {
+	if f.err != nil {
+		return 0, f.err
+	}
+	if f.bw == nil {
+		total := 0
+		for _, b := range bufs {
+			n, err := f.Write(b)
+			total += n
+			if err != nil {
+				return total, err
+			}
+		}
+		return total, nil
+	}
+	if err := f.bw.Flush(); err != nil {
+		f.err = cause(err)
+		return 0, f.err
+	}
+	n, err := writev(f.f, bufs)
+	if err != nil {
+		f.err = cause(err)
+	}
+	return n, f.err
+}
+
 // Name is the destination path.
 func (f *File) Name() string { return f.path }
 

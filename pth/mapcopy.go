@@ -80,15 +80,23 @@ func (c *Checkpoint) copyMapped(z *zipWriter, name string, st *Storage, t *Tenso
 			out := b
 			if chans != nil && l.Touches(chans, pos, int64(len(b))) {
 				out = z.buf[:len(b)]
-				copy(out, b)
-				l.Apply(chans, pos, out)
 				// The flipped chunk's CRC is the input chunk's changed
 				// by the flip mask's (negate.CRCDelta): no pass over
 				// the output.
 				outSums[k], flipped[k] = l.CRCDelta(chans, pos, int64(len(b))), true
 			}
 			var w int
-			w, err = z.w.Write(out)
+			if vw, ok := z.w.(vecWriter); ok && flipped[k] {
+				// The unflipped bytes go from the map, the flipped
+				// ones from the scratch copy, in one writev.
+				z.vec = l.Segments(z.buf[:len(b)], b, chans, pos, z.vec[:0])
+				w, err = vw.WriteVec(z.vec)
+			} else {
+				if flipped[k] {
+					l.CopyApply(out, b, chans, pos)
+				}
+				w, err = z.w.Write(out)
+			}
 			z.off += int64(w)
 		}
 		if r := <-done; r != nil {
@@ -115,6 +123,12 @@ func (c *Checkpoint) copyMapped(z *zipWriter, name string, st *Storage, t *Tenso
 		return fmt.Errorf("%s: record %s is corrupt: CRC-32 %08x, the archive records %08x", c.Path, st.rec.name, crcIn, st.rec.crc)
 	}
 	return z.finish(e, crcOut)
+}
+
+// vecWriter is a writer that takes several buffers in one call
+// (output.File).
+type vecWriter interface {
+	WriteVec(bufs [][]byte) (int, error)
 }
 
 // mapChunk is the unit copyMapped writes and checksums.

@@ -21,6 +21,7 @@ type zipWriter struct {
 	// use it to exercise those paths without writing 4 GiB.
 	force64 bool
 	buf     []byte
+	vec     [][]byte // copyMapped's pieces of one chunk
 }
 
 type zipEntry struct {
