@@ -238,3 +238,49 @@ func TestPanicFault(t *testing.T) {
 	f.Write(bytes.Repeat([]byte("x"), 1<<17))
 	t.Error("no panic")
 }
+
+// TestWriteVec: buffers written with WriteVec land in order after what
+// Write buffered, whatever their number (more than one writev takes) and
+// sizes (empty ones too).
+func TestWriteVec(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "v.bin")
+	s := New(Options{})
+	defer s.Abort()
+	f, err := s.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []byte
+	if _, err := f.Write([]byte("head")); err != nil {
+		t.Fatal(err)
+	}
+	want = append(want, "head"...)
+	var bufs [][]byte
+	for i := 0; i < 2500; i++ {
+		b := make([]byte, i%7)
+		for k := range b {
+			b[k] = byte(i + k)
+		}
+		bufs = append(bufs, b)
+		want = append(want, b...)
+	}
+	n, err := f.WriteVec(bufs)
+	if err != nil || n != len(want)-4 {
+		t.Fatalf("WriteVec: %d, %v; want %d", n, err, len(want)-4)
+	}
+	if _, err := f.Write([]byte("tail")); err != nil {
+		t.Fatal(err)
+	}
+	want = append(want, "tail"...)
+	if err := s.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("file holds %d bytes, want %d (first difference matters)", len(got), len(want))
+	}
+}

@@ -298,3 +298,11 @@ func flattenTree(c *Checkpoint) ([]any, error) {
 	}
 	return out, nil
 }
+
+// TestMain maps every stored record, however small, so that the fixtures
+// (all under mapMin) take the mapped copy; the tests that want the
+// buffered one turn mapCopy off.
+func TestMain(m *testing.M) {
+	mapMin = 1
+	os.Exit(m.Run())
+}

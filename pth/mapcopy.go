@@ -137,8 +137,15 @@ const mapChunk = 1 << 20
 // mappable reports whether a record's bytes lie stored in the file (not
 // compressed), to be copied from a map.
 func (c *Checkpoint) mappable(st *Storage) bool {
-	return mapCopy && st.rec.zf == nil && st.rec.size > 0
+	return mapCopy && st.rec.zf == nil && st.rec.size >= mapMin
 }
+
+// mapMin is the smallest record copyMapped copies: a map costs two system
+// calls and, on unmapping, a TLB shootdown on every core, which for the
+// hundreds of small records of a DenseNet (BN vectors, thin convolutions)
+// cost more than reading them through the copy buffer. The tests lower it
+// to map their small fixtures.
+var mapMin int64 = 1 << 20
 
 // mapCopy selects copyMapped for stored records; tests turn it off to
 // compare with the buffered copy.

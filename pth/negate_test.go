@@ -16,6 +16,14 @@ import (
 // the negated values.
 func TestNegateChannelsSameBytesAsDecoding(t *testing.T) {
 	files := []string{"dtypes.pth", "dtypes_legacy.pth", "views.pth", "views_legacy.pth", "shared.pth", "convbn_zip.pth", "convbn_legacy.pth", "nested.pth", "adam.pth"}
+	// vecCalls counts the vectored writes of flipped chunks over every
+	// file: some (zip, streamed, mapped) must take that path.
+	vecCalls := 0
+	defer func() {
+		if vecCalls == 0 && !t.Failed() {
+			t.Errorf("no file took the vectored copy of flipped chunks")
+		}
+	}()
 	for _, name := range files {
 		t.Run(name, func(t *testing.T) {
 			path := filepath.Join("testdata", name)
@@ -107,6 +115,16 @@ func TestNegateChannelsSameBytesAsDecoding(t *testing.T) {
 			if !bytes.Equal(a.Bytes(), b.Bytes()) {
 				t.Fatalf("streamed negation wrote %d bytes that differ from decoding's %d", a.Len(), b.Len())
 			}
+			// A writer that takes the chunks as pieces (output.File's
+			// writev) gets the same bytes.
+			var v vecBuffer
+			if _, err := lazy.WriteTo(&v); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(a.Bytes(), v.Bytes()) {
+				t.Fatalf("the vectored copy (%d calls) wrote %d bytes that differ from the plain writer's %d", v.calls, v.Len(), a.Len())
+			}
+			vecCalls += v.calls
 			// The buffered copy (compressed records, or no map) writes the
 			// same bytes as the mapped one.
 			mapCopy = false
@@ -188,4 +206,21 @@ func TestNegateChannelsCorruptRecord(t *testing.T) {
 		}
 	}
 	mapCopy = true
+}
+
+// vecBuffer is a bytes.Buffer that also takes vectored writes, as
+// output.File does, and counts them.
+type vecBuffer struct {
+	bytes.Buffer
+	calls int
+}
+
+func (v *vecBuffer) WriteVec(bufs [][]byte) (int, error) {
+	v.calls++
+	n := 0
+	for _, b := range bufs {
+		k, _ := v.Write(b)
+		n += k
+	}
+	return n, nil
 }
