@@ -343,14 +343,37 @@ func shift(v uint32, n int64) uint32 {
 	if v == 0 || n <= 0 {
 		return v
 	}
-	p := uint32(1) << 31 // x^0
-	for k := 3; n != 0; n, k = n>>1, k+1 {
-		if n&1 != 0 {
+	return multModP(xPow(n), v)
+}
+
+// xPow is x^(8n) modulo the polynomial, cached: a checkpoint's runs and
+// gaps have few lengths (a grouped convolution's thin channels make tens
+// of thousands of runs of one length).
+func xPow(n int64) uint32 {
+	powMu.Lock()
+	p, ok := powCache[n]
+	powMu.Unlock()
+	if ok {
+		return p
+	}
+	p = uint32(1) << 31 // x^0
+	for k, m := 3, n; m != 0; m, k = m>>1, k+1 {
+		if m&1 != 0 {
 			p = multModP(x2n[k&31], p)
 		}
 	}
-	return multModP(p, v)
+	powMu.Lock()
+	if len(powCache) < 1<<16 {
+		powCache[n] = p
+	}
+	powMu.Unlock()
+	return p
 }
+
+var (
+	powMu    sync.Mutex
+	powCache = map[int64]uint32{}
+)
 
 // x2n[k] is x^(2^k) modulo the polynomial; zlib indexes it modulo 32 (the
 // powers repeat with that period; TestShiftComposes checks it past 2^32
