@@ -143,31 +143,36 @@ func (l Layout) apply(chans []int, next int, pos int64, b []byte) int {
 	return next
 }
 
-// CopyApply is copy(dst, src) then Apply(chans, pos, dst), in one pass:
-// src is the tensor's bytes from offset pos, dst as long.
-func (l Layout) CopyApply(dst, src []byte, chans []int, pos int64) {
-	lo, hi := pos, pos+int64(len(src))
+// runs calls fn for each run of consecutive listed channels (sorted) that
+// overlaps [lo, hi), clipped to it: [a, e) and the offset of a within the
+// run's first channel (element boundaries lie every ElemSize bytes from
+// there, as every channel starts on one).
+func (l Layout) runs(chans []int, lo, hi int64, fn func(a, e, phase int64)) {
 	i := sort.Search(len(chans), func(i int) bool { return int64(chans[i]+1)*l.ChannelBytes > lo })
-	cur := lo
 	for i < len(chans) {
 		cs := int64(chans[i]) * l.ChannelBytes
 		if cs >= hi {
-			break
+			return
 		}
 		j := i
 		for j+1 < len(chans) && chans[j+1] == chans[j]+1 && int64(chans[j+1])*l.ChannelBytes < hi {
 			j++
 		}
-		ce := int64(chans[j]+1) * l.ChannelBytes
-		a, e := max(cs, lo), min(ce, hi)
-		copy(dst[cur-lo:a-lo], src[cur-lo:a-lo])
-		l.xorRun(dst[a-lo:e-lo], src[a-lo:e-lo], a-cs)
-		cur = e
-		if ce > hi {
-			break
-		}
+		a := max(cs, lo)
+		fn(a, min(int64(chans[j]+1)*l.ChannelBytes, hi), a-cs)
 		i = j + 1
 	}
+}
+
+// CopyApply is copy(dst, src) then Apply(chans, pos, dst), in one pass:
+// src is the tensor's bytes from offset pos, dst as long.
+func (l Layout) CopyApply(dst, src []byte, chans []int, pos int64) {
+	lo, cur := pos, pos
+	l.runs(chans, pos, pos+int64(len(src)), func(a, e, phase int64) {
+		copy(dst[cur-lo:a-lo], src[cur-lo:a-lo])
+		l.xorRun(dst[a-lo:e-lo], src[a-lo:e-lo], phase)
+		cur = e
+	})
 	copy(dst[cur-lo:], src[cur-lo:])
 }
 
@@ -177,31 +182,15 @@ func (l Layout) CopyApply(dst, src []byte, chans []int, pos int64) {
 // dst where it does. A vectored write of them writes what CopyApply's dst
 // holds, and the unflipped bytes are never copied.
 func (l Layout) Segments(dst, src []byte, chans []int, pos int64, vec [][]byte) [][]byte {
-	lo, hi := pos, pos+int64(len(src))
-	i := sort.Search(len(chans), func(i int) bool { return int64(chans[i]+1)*l.ChannelBytes > lo })
-	cur := lo
-	for i < len(chans) {
-		cs := int64(chans[i]) * l.ChannelBytes
-		if cs >= hi {
-			break
-		}
-		j := i
-		for j+1 < len(chans) && chans[j+1] == chans[j]+1 && int64(chans[j+1])*l.ChannelBytes < hi {
-			j++
-		}
-		ce := int64(chans[j]+1) * l.ChannelBytes
-		a, e := max(cs, lo), min(ce, hi)
+	lo, hi, cur := pos, pos+int64(len(src)), pos
+	l.runs(chans, lo, hi, func(a, e, phase int64) {
 		if a > cur {
 			vec = append(vec, src[cur-lo:a-lo])
 		}
-		l.xorRun(dst[a-lo:e-lo], src[a-lo:e-lo], a-cs)
+		l.xorRun(dst[a-lo:e-lo], src[a-lo:e-lo], phase)
 		vec = append(vec, dst[a-lo:e-lo])
 		cur = e
-		if ce > hi {
-			break
-		}
-		i = j + 1
-	}
+	})
 	if hi > cur {
 		vec = append(vec, src[cur-lo:])
 	}
@@ -261,39 +250,23 @@ func Values(v []float64, n0 int, chans []int) {
 // modulo the polynomial), so a copy that flips signs gets its output's CRC
 // from its input's without reading the output: O(runs · log n), not O(n).
 func (l Layout) CRCDelta(chans []int, pos, n int64) uint32 {
-	lo, hi := pos, pos+n
-	i := sort.Search(len(chans), func(i int) bool { return int64(chans[i]+1)*l.ChannelBytes > lo })
 	var acc uint32
-	cur := lo
-	for i < len(chans) {
-		cs := int64(chans[i]) * l.ChannelBytes
-		if cs >= hi {
-			break
+	cur := pos
+	l.runs(chans, pos, pos+n, func(a, e, phase int64) {
+		// The first sign byte at or after a.
+		first := a + (l.ElemSize+l.SignByte-phase%l.ElemSize)%l.ElemSize
+		if first >= e {
+			return
 		}
-		// Consecutive channels are one run.
-		j := i
-		for j+1 < len(chans) && chans[j+1] == chans[j]+1 && int64(chans[j+1])*l.ChannelBytes < hi {
-			j++
-		}
-		ce := int64(chans[j]+1) * l.ChannelBytes
-		a, e := max(cs, lo), min(ce, hi)
-		first := cs + ((a-cs+l.ElemSize-1-l.SignByte)/l.ElemSize)*l.ElemSize + l.SignByte
-		if first < e {
-			m := (e-1-first)/l.ElemSize + 1 // sign bytes in [a, e)
-			last := first + (m-1)*l.ElemSize
-			// The run's mask from its first sign byte is the
-			// element (zeros, then 0x80 at SignByte) repeated m
-			// times less its leading zeros, which a zero state
-			// does not see, then e-last-1 zeros.
-			acc = shift(acc, e-cur) ^ shift(l.repeated(m), e-last-1)
-			cur = e
-		}
-		if ce > hi {
-			break
-		}
-		i = j + 1
-	}
-	return shift(acc, hi-cur)
+		m := (e-1-first)/l.ElemSize + 1 // sign bytes in [a, e)
+		last := first + (m-1)*l.ElemSize
+		// The run's mask from its first sign byte is the element (zeros,
+		// then 0x80 at SignByte) repeated m times less its leading zeros,
+		// which a zero state does not see, then e-last-1 zeros.
+		acc = shift(acc, e-cur) ^ shift(l.repeated(m), e-last-1)
+		cur = e
+	})
+	return shift(acc, pos+n-cur)
 }
 
 // repeated is the CRC from a zero state of a run's mask from its first
