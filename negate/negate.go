@@ -305,6 +305,12 @@ var (
 	repeatCache = map[[2]int64]uint32{}
 )
 
+// Combine returns the CRC-32 (IEEE) of A followed by B from crcA, crcB
+// and len(B), without reading either: CRC is affine over GF(2), and
+// appending n bytes multiplies by x^(8n) modulo the polynomial (zlib's
+// crc32_combine).
+func Combine(crcA, crcB uint32, lenB int64) uint32 { return shift(crcA, lenB) ^ crcB }
+
 // rawCRC is the CRC-32 (IEEE) register after b from a zero state, without
 // the standard's initial and final inversions: linear in b.
 func rawCRC(b []byte) uint32 { return ^crc32.Update(0xffffffff, crc32.IEEETable, b) }
