@@ -187,11 +187,18 @@ func (n *network) forward(x *runtime.HostTensor, training bool) (*runtime.HostTe
 	}
 	outs := n.ex.Outputs()
 	flat := &runtime.HostTensor{Data: append([]float32(nil), y.Data...)}
+	added := false
 	for k, a := range n.g.Aux {
 		if a.TrainOnly && !training {
 			continue
 		}
 		flat.Data = append(flat.Data, outs[k+1].Data...)
+		added = true
+	}
+	if !added {
+		// GoogLeNet's eval: the logits alone, with their shape (the
+		// drift's top-1 agreement reads it).
+		return y, nil
 	}
 	flat.Shape = []int{len(flat.Data)}
 	return flat, nil
