@@ -92,28 +92,8 @@ func TestAnyNonzero(t *testing.T) {
 func TestCRCDelta(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
 	for trial := 0; trial < 400; trial++ {
-		es := []int{2, 4, 8}[r.IntN(3)]
-		shape := []int{1 + r.IntN(12), 1 + r.IntN(5), 1 + r.IntN(3)}
-		l, ok := FloatLayout(true, es, shape)
-		if !ok {
-			t.Fatal("no layout")
-		}
-		if trial%5 == 0 {
-			l.SignByte = int64(r.IntN(es)) // any sign byte position
-		}
-		total := int64(shape[0]) * l.ChannelBytes
-		data := make([]byte, total)
-		for i := range data {
-			data[i] = byte(r.Uint32())
-		}
-		var chans []int
-		for c := 0; c < shape[0]; c++ {
-			if r.IntN(3) == 0 {
-				chans = append(chans, c)
-			}
-		}
-		pos := r.Int64N(total)
-		n := r.Int64N(total-pos) + 1
+		c := randomFlip(t, r, 5, trial%5 == 0, 3)
+		l, es, shape, data, chans, pos, n := c.l, c.es, c.shape, c.data, c.chans, c.pos, c.n
 		win := append([]byte(nil), data[pos:pos+n]...)
 		want := crc32.ChecksumIEEE(win)
 		l.Apply(chans, pos, win)
@@ -146,25 +126,8 @@ func TestShiftComposes(t *testing.T) {
 func TestCopyApply(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 4))
 	for trial := 0; trial < 400; trial++ {
-		es := []int{2, 4, 8}[r.IntN(3)]
-		shape := []int{1 + r.IntN(12), 1 + r.IntN(7), 1 + r.IntN(3)}
-		l, _ := FloatLayout(true, es, shape)
-		if trial%4 == 0 {
-			l.SignByte = int64(r.IntN(es))
-		}
-		total := int64(shape[0]) * l.ChannelBytes
-		src := make([]byte, total)
-		for i := range src {
-			src[i] = byte(r.Uint32())
-		}
-		var chans []int
-		for c := 0; c < shape[0]; c++ {
-			if r.IntN(2) == 0 {
-				chans = append(chans, c)
-			}
-		}
-		pos := r.Int64N(total)
-		n := r.Int64N(total-pos) + 1
+		c := randomFlip(t, r, 7, trial%4 == 0, 2)
+		l, es, shape, src, chans, pos, n := c.l, c.es, c.shape, c.data, c.chans, c.pos, c.n
 		// The reference: every sign byte of a listed channel, one by one.
 		want := append([]byte(nil), src[pos:pos+n]...)
 		in := map[int]bool{}
@@ -191,4 +154,44 @@ func TestCopyApply(t *testing.T) {
 			t.Fatalf("trial %d: Apply es %d sign %d shape %v chans %v [%d, %d) differs", trial, es, l.SignByte, shape, chans, pos, pos+n)
 		}
 	}
+}
+
+// flipCase is a random float tensor, channels to flip and a window of it.
+type flipCase struct {
+	l      Layout
+	es     int
+	shape  []int
+	data   []byte
+	chans  []int
+	pos, n int64
+}
+
+// randomFlip draws a flipCase: a float width, a shape whose middle
+// dimension is below mid, any sign byte position when anySign, each
+// channel listed with odds 1 in chanOdds, a non-empty window anywhere.
+func randomFlip(t *testing.T, r *rand.Rand, mid int, anySign bool, chanOdds int) flipCase {
+	t.Helper()
+	c := flipCase{es: []int{2, 4, 8}[r.IntN(3)]}
+	c.shape = []int{1 + r.IntN(12), 1 + r.IntN(mid), 1 + r.IntN(3)}
+	l, ok := FloatLayout(true, c.es, c.shape)
+	if !ok {
+		t.Fatal("no layout")
+	}
+	if anySign {
+		l.SignByte = int64(r.IntN(c.es))
+	}
+	c.l = l
+	total := int64(c.shape[0]) * l.ChannelBytes
+	c.data = make([]byte, total)
+	for i := range c.data {
+		c.data[i] = byte(r.Uint32())
+	}
+	for ch := 0; ch < c.shape[0]; ch++ {
+		if r.IntN(chanOdds) == 0 {
+			c.chans = append(c.chans, ch)
+		}
+	}
+	c.pos = r.Int64N(total)
+	c.n = r.Int64N(total-c.pos) + 1
+	return c
 }
