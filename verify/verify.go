@@ -218,10 +218,10 @@ func (n *network) backward(g *runtime.HostTensor) (*runtime.HostTensor, map[stri
 	off := 0
 	take := func(shape []int) *runtime.HostTensor {
 		d := &runtime.HostTensor{Shape: shape}
-		if k := numel(shape); off+k <= len(g.Data) {
+		if k := graph.Numel(shape); off+k <= len(g.Data) {
 			d.Data = g.Data[off : off+k]
 		}
-		off += numel(shape)
+		off += graph.Numel(shape)
 		return d
 	}
 	ds = append(ds, take(outs[0].Shape))
@@ -236,14 +236,6 @@ func (n *network) backward(g *runtime.HostTensor) (*runtime.HostTensor, map[stri
 		return nil, nil, fmt.Errorf("output gradient has %d values for outputs of %d", len(g.Data), off)
 	}
 	return n.ex.BackwardAll(ds)
-}
-
-func numel(shape []int) int {
-	n := 1
-	for _, d := range shape {
-		n *= d
-	}
-	return n
 }
 
 // Run verifies. An error means bad input (unreadable files, keys or shapes
