@@ -20,12 +20,20 @@ import (
 type Op string
 
 const (
-	OpInput           Op = "Input"
-	OpConv            Op = "Conv2d"
-	OpBatchNorm       Op = "BatchNorm2d"
-	OpReLU            Op = "ReLU"
-	OpLeakyReLU       Op = "LeakyReLU"
-	OpELU             Op = "ELU"
+	OpInput     Op = "Input"
+	OpConv      Op = "Conv2d"
+	OpBatchNorm Op = "BatchNorm2d"
+	OpReLU      Op = "ReLU"
+	OpLeakyReLU Op = "LeakyReLU"
+	OpELU       Op = "ELU"
+	// OpInPlaceABN may have a second input, a residual: the node then
+	// computes InPlaceABN(x) + residual, written over x, as the end of a
+	// residual block whose last BatchNorm has no activation (MobileNet's
+	// inverted residuals). It saves only that sum, which the next layer
+	// saves anyway, and its backward recovers the normalised output as
+	// sum - residual; the residual is saved by the block's first layer.
+	// That form needs Attr.Activation identity and a residual of x's
+	// shape (see Node.Residual).
 	OpInPlaceABN      Op = "InPlaceABN"
 	OpInPlaceABNSync  Op = "InPlaceABNSync"
 	OpABN             Op = "ABN"
@@ -182,6 +190,15 @@ type Node struct {
 	// keep neither their output nor the concatenation they read for the
 	// backward pass: both are recomputed.
 	Recompute string
+}
+
+// Residual is the residual an InPlaceABN node adds to its normalised
+// output (its second input), or nil.
+func (n *Node) Residual() *Value {
+	if n.Op == OpInPlaceABN && len(n.Inputs) == 2 {
+		return n.Inputs[1]
+	}
+	return nil
 }
 
 // Value is the output of one node.
@@ -396,6 +413,16 @@ func (g *Graph) Validate() error {
 		if (n.Op == OpConcat || n.Op == OpAdd) && len(n.Inputs) == 0 {
 			return fmt.Errorf("graph: node %q (%s) has no inputs", n.Name, n.Op)
 		}
+		if n.Op == OpInPlaceABN {
+			switch {
+			case len(n.Inputs) != 1 && len(n.Inputs) != 2:
+				return fmt.Errorf("graph: node %q (%s) has %d inputs, want 1, or 2 (with a residual)", n.Name, n.Op, len(n.Inputs))
+			case len(n.Inputs) == 2 && n.Attr.Activation != ActIdentity:
+				return fmt.Errorf("graph: node %q (%s) adds a residual after activation %q: only identity can be recovered from the sum", n.Name, n.Op, n.Attr.Activation)
+			case len(n.Inputs) == 2 && n.Inputs[0] == n.Inputs[1]:
+				return fmt.Errorf("graph: node %q (%s) adds its own input as the residual", n.Name, n.Op)
+			}
+		}
 		if n.Op == OpResize {
 			if err := n.Attr.checkResize(len(n.Inputs)); err != nil {
 				return fmt.Errorf("graph: node %q (%s): %w", n.Name, n.Op, err)
@@ -444,7 +471,7 @@ func (g *Graph) Validate() error {
 
 var arity = map[Op]int{
 	OpInput: 0, OpConv: 1, OpBatchNorm: 1, OpReLU: 1, OpLeakyReLU: 1, OpELU: 1,
-	OpInPlaceABN: 1, OpInPlaceABNSync: 1, OpABN: 1, OpAdd: -1, OpConcat: -1,
+	OpInPlaceABN: -1, OpInPlaceABNSync: 1, OpABN: 1, OpAdd: -1, OpConcat: -1,
 	OpMaxPool: 1, OpAvgPool: 1, OpAdaptiveAvgPool: 1, OpFlatten: 1, OpLinear: 1, OpDropout: 1,
 	OpHardtanh: 1, OpSigmoid: 1, OpSiLU: 1, OpHardsigmoid: 1, OpHardswish: 1, OpGELU: 1,
 	OpMul: 2, OpSub: 2, OpDiv: 2,

@@ -31,6 +31,14 @@ func TestValidate(t *testing.T) {
 		}, "not in the graph"},
 		{"no output", func(g *Graph) { g.Output = nil }, "no output"},
 		{"index", func(g *Graph) { g.Node("relu").Name = "other" }, "name index"},
+		{"residual", func(g *Graph) { residual(g, g.Input, ActIdentity) }, ""},
+		{"residual after an activation", func(g *Graph) { residual(g, g.Input, ActLeakyReLU) }, "only identity"},
+		{"residual is the input", func(g *Graph) { residual(g, g.Node("conv").Out, ActIdentity) }, "its own input"},
+		{"two residuals", func(g *Graph) {
+			residual(g, g.Input, ActIdentity)
+			n := g.Node("bn")
+			n.Inputs = append(n.Inputs, g.Input)
+		}, "want 1, or 2"},
 		{"aux", func(g *Graph) { g.SetAux("aux", g.Node("bn").Out, false) }, ""},
 		{"aux not computed", func(g *Graph) { g.SetAux("aux", &Value{Name: "ghost"}, false) }, "not computed"},
 		{"aux repeated", func(g *Graph) {
@@ -61,6 +69,14 @@ func TestValidate(t *testing.T) {
 			}
 		})
 	}
+}
+
+// residual makes chain's bn an InPlaceABN adding r to its output.
+func residual(g *Graph, r *Value, act string) {
+	n := g.Node("bn")
+	n.Op, n.Attr.Activation = OpInPlaceABN, act
+	n.Inputs = append(n.Inputs, r)
+	r.Consumers = append(r.Consumers, n)
 }
 
 // TestFuse replaces bn+relu by one node the way a rewrite pass does and
