@@ -60,6 +60,14 @@ func evaluate(g *graph.Graph, w graph.Weights, x *tensor) (*tensor, error) {
 			out, err = linear(n, in, param)
 		case graph.OpBatchNorm, graph.OpABN, graph.OpInPlaceABN, graph.OpInPlaceABNSync:
 			out, err = batchNorm(n, in, param)
+			if r := n.Residual(); r != nil && err == nil {
+				if len(vals[r].data) != len(out.data) {
+					return nil, fmt.Errorf("%s: adding residual %v to %v", n.Name, vals[r].shape, out.shape)
+				}
+				for k, v := range vals[r].data {
+					out.data[k] += v
+				}
+			}
 		case graph.OpReLU:
 			out = mapTensor(in, func(v float64) float64 { return math.Max(v, 0) })
 		case graph.OpLeakyReLU:

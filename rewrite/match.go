@@ -34,6 +34,10 @@ type site struct {
 	flipped  []int // channels flipped in place (Node.Sign)
 	tiny     []int
 	tinyErr  float64
+
+	// add-residual: the residual added in place and the Add fused away,
+	// or why an identity InPlaceABN read by an Add was not fused.
+	residual, residualAdd, residualWhy string
 }
 
 func (s *site) inPlace() bool { return s.op == graph.OpInPlaceABN || s.op == graph.OpInPlaceABNSync }

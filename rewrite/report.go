@@ -54,6 +54,9 @@ type Summary struct {
 	Approximated      int `json:"approximated"`
 	TinyGamma         int `json:"tiny_gamma"`
 	DenseLayersMarked int `json:"dense_layers_marked"`
+	// ResidualsFused counts the sites that add their block's residual in
+	// place (Site.Residual).
+	ResidualsFused int `json:"residuals_fused"`
 }
 
 // Site is one converted BatchNorm2d.
@@ -91,6 +94,12 @@ type Site struct {
 	TinyGammaScaleError float64 `json:"tiny_gamma_scale_error,omitempty"`
 	// Recompute is the DenseNet group the node belongs to, if marked.
 	Recompute string `json:"recompute,omitempty"`
+	// Residual is the value the node adds to its output in place, the Add
+	// ResidualAdd fused away (add-residual): the block keeps the sum only.
+	// ResidualNote says why an identity site read by an Add was not fused.
+	Residual     string `json:"residual,omitempty"`
+	ResidualAdd  string `json:"residual_add,omitempty"`
+	ResidualNote string `json:"residual_note,omitempty"`
 }
 
 func (s *site) outcome() Outcome {
@@ -121,6 +130,7 @@ func (st *State) report() *Report {
 			NegativeChannels: s.negative, FoldedChannels: sortedInts(s.folded), FoldedInto: s.into,
 			FlippedChannels: s.flipped, TinyGammaChannels: s.tiny, TinyGammaScaleError: s.tinyErr,
 			Recompute: s.bn.Recompute,
+			Residual:  s.residual, ResidualAdd: s.residualAdd, ResidualNote: s.residualWhy,
 		}
 		if s.note != "" && (len(s.flipped) > 0 || s.forced) {
 			site.Note = s.note
@@ -149,6 +159,9 @@ func (st *State) report() *Report {
 		if len(s.tiny) > 0 {
 			sum.TinyGamma++
 		}
+		if s.residual != "" {
+			sum.ResidualsFused++
+		}
 	}
 	r.Summary.DenseLayersMarked = len(r.DenseLayers)
 	if approxReLU > 0 {
@@ -166,8 +179,8 @@ func reluWarning(n int, slope float64) string {
 // approximation in capitals if there is one, then one row per site.
 func (r *Report) WriteTable(w io.Writer) {
 	s := r.Summary
-	fmt.Fprintf(w, "rewrite %s: %d sites: %d exact, %d sign-folded, %d sign-flipped, %d fallback-abn, %d approximated; %d with tiny gamma; %d dense layers marked\n",
-		r.Arch, s.Sites, s.Exact, s.SignFolded, s.SignFlipped, s.FallbackABN, s.Approximated, s.TinyGamma, s.DenseLayersMarked)
+	fmt.Fprintf(w, "rewrite %s: %d sites: %d exact, %d sign-folded, %d sign-flipped, %d fallback-abn, %d approximated; %d with tiny gamma; %d dense layers marked; %d residual adds fused\n",
+		r.Arch, s.Sites, s.Exact, s.SignFolded, s.SignFlipped, s.FallbackABN, s.Approximated, s.TinyGamma, s.DenseLayersMarked, s.ResidualsFused)
 	fmt.Fprintf(w, "relu policy %s", r.ReLUPolicy)
 	if r.ReLUPolicy == ReLULeaky {
 		fmt.Fprintf(w, " (slope %g)", r.Slope)
@@ -198,6 +211,13 @@ func (r *Report) WriteTable(w io.Writer) {
 			why = fmt.Sprintf("%s -> %s (outputs change)", x.Activation, x.OpActivation)
 		case why == "":
 			why = x.Note
+		}
+		if x.Residual != "" {
+			res := fmt.Sprintf("adds %s in place (%s fused): keeps the sum only, one tensor fewer", x.Residual, x.ResidualAdd)
+			if why != "" {
+				res = why + "; " + res
+			}
+			why = res
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", x.Node, x.Activation, op, x.Outcome,
 			count(x.NegativeChannels), count(x.FoldedChannels), count(x.FlippedChannels), count(x.TinyGammaChannels),

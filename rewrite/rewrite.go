@@ -105,6 +105,7 @@ var Pipeline = []Pass{
 	{Name: "reparametrise", Does: "store weight = |gamma| - eps for in-place sites", Run: reparametrise},
 	{Name: "fuse", Does: "replace each BN and its activation by one ABN-family node", Run: fuse},
 	{Name: "mark-dense", Does: "mark DenseNet concat -> ABN -> 1x1 conv groups for recomputation", Run: markDense},
+	{Name: "add-residual", Does: "fuse the residual Add after an InPlaceABN(identity) into it, where that keeps one tensor fewer", Run: addResidual},
 }
 
 // constraint says that pass a must run before pass b.
@@ -124,6 +125,8 @@ var passOrder = []constraint{
 	{"flip-signs", "fuse", "a site's op is final only after flip-signs (it may still fall back to ABN)"},
 	{"match-bn-act", "fuse", "fuse removes the activation node that match-bn-act found"},
 	{"fuse", "mark-dense", "the dense-layer pattern concat -> ABN -> 1x1 conv exists only after fusion"},
+	{"fuse", "add-residual", "the InPlaceABN that takes the residual exists only after fusion"},
+	{"mark-dense", "add-residual", "a dense layer's ABN is recomputed and must not be fused with an Add"},
 }
 
 // PassNames lists the pipeline's pass names in order.

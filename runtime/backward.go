@@ -417,6 +417,26 @@ func (e *Executor) binaryBackward(r *run, nd *graph.Node, dy Tensor, op BinaryOp
 // output z alone for InPlace-ABN.
 func (e *Executor) normBackward(r *run, i int, nd *graph.Node, dy *gref, x, y Tensor) error {
 	b := e.b
+	if nd.Residual() != nil {
+		// The residual's gradient is dy, taken before dy becomes x's.
+		j := e.index[nd.Inputs[1].Producer]
+		if r.grads[j].buf != nil {
+			if err := b.Accumulate(r.grads[j].t, dy.t); err != nil {
+				return err
+			}
+		} else {
+			t, err := e.inputTarget(r, nd, 1, nil)
+			if err != nil {
+				return err
+			}
+			if err := b.Copy(t.dst, dy.t); err != nil {
+				return err
+			}
+			if err := t.finish(); err != nil {
+				return err
+			}
+		}
+	}
 	tx, tw, tb, err := e.layerTargets(r, nd, dy)
 	if err != nil {
 		return err
@@ -427,6 +447,19 @@ func (e *Executor) normBackward(r *run, i int, nd *graph.Node, dy *gref, x, y Te
 		mean, variance = e.aux(r, i, 0), e.aux(r, i, 1)
 	}
 	np := normParams(nd)
+	if res := nd.Residual(); res != nil {
+		// y holds the sum z = IABN(x) + residual; nothing reads it after
+		// this node's backward (the graph outputs are never fused), so
+		// the normalised output is recovered where it lies.
+		bb, err := e.broadcasting()
+		if err != nil {
+			return err
+		}
+		if err := bb.Binary(y, y, e.in(r, nd, 1), BinarySub); err != nil {
+			return err
+		}
+		e.work.RecomputeFLOPs += int64(numel(r.p.shapes[i]))
+	}
 	if nd.Op == graph.OpInPlaceABN || nd.Op == graph.OpInPlaceABNSync {
 		// Inverting the activation and recovering xhat from z is work
 		// the plain layer does not do: one pass over the elements.

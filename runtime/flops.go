@@ -69,7 +69,9 @@ func flopsOf(nd *graph.Node, ins [][]int, out []int, training bool) nodeFlops {
 		}
 		return f
 	case graph.OpABN, graph.OpInPlaceABN, graph.OpInPlaceABNSync:
-		if actOf(nd).Kind != ActIdentity {
+		// The residual's addition, and its subtraction to recover the
+		// normalised output in backward.
+		if actOf(nd).Kind != ActIdentity || nd.Residual() != nil {
 			return nodeFlops{fwd: 2 * elems, bwd: 2 * elems}
 		}
 	case graph.OpDropout:

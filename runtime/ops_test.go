@@ -49,8 +49,12 @@ func buildCase(c opCase) (*graph.Graph, *graph.MemWeights) {
 	}
 	g := graph.New(c.Name, c.Input.Shape[1])
 	x := g.Input
+	var res *graph.Value
 	switch c.Graph {
-	case "conv":
+	case "conv", "residual":
+		if c.Graph == "residual" {
+			res = x
+		}
 		ch := c.Input.Shape[1]
 		x = g.Add("pre", graph.OpConv, graph.Attr{KernelSize: [2]int{1, 1}, Stride: [2]int{1, 1}, Dilation: [2]int{1, 1},
 			Groups: 1, InChannels: ch, OutChannels: ch}, map[string]string{graph.RoleWeight: "pre.weight"}, x)
@@ -82,7 +86,11 @@ func buildCase(c opCase) (*graph.Graph, *graph.MemWeights) {
 	if len(params) == 0 {
 		params = nil
 	}
-	g.Add("op", graph.Op(c.Op), c.Attr, params, x)
+	if res != nil {
+		g.Add("op", graph.Op(c.Op), c.Attr, params, x, res)
+	} else {
+		g.Add("op", graph.Op(c.Op), c.Attr, params, x)
+	}
 	g.Node("op").Sign = c.Sign
 	return g, w
 }

@@ -534,10 +534,16 @@ func (p *plan) planSaves(g *graph.Graph, nd *graph.Node, i int, pp *pass, sto fu
 			p.keep(i, out)
 		}
 	case graph.OpInPlaceABN, graph.OpInPlaceABNSync:
-		// The output z and the variance; the mean is not needed.
+		// The output z and the variance; the mean is not needed. With a
+		// residual, z is the sum, and the residual too, to recover the
+		// normalised output from it (the block's first layer keeps that
+		// tensor already, so it costs nothing more).
 		p.keep(i, out)
 		if p.training {
 			p.keep(i, pp.aux[1])
+		}
+		if nd.Residual() != nil {
+			p.keep(i, in(1))
 		}
 	case graph.OpReLU, graph.OpSigmoid:
 		p.keep(i, out)
@@ -605,6 +611,8 @@ func (p *plan) findGroups(g *graph.Graph, index map[*graph.Node]int) error {
 			return bad(fmt.Sprintf("first node %s is %s, want Concat", cat.Name, cat.Op))
 		case !abn.Op.IsBNFamily():
 			return bad(fmt.Sprintf("second node %s is %s, want a BN-family node", abn.Name, abn.Op))
+		case abn.Residual() != nil:
+			return bad(fmt.Sprintf("%s adds a residual: its sum cannot live in the shared buffer", abn.Name))
 		case conv.Op != graph.OpConv:
 			return bad(fmt.Sprintf("last node %s is %s, want Conv2d", conv.Name, conv.Op))
 		}
@@ -721,6 +729,10 @@ func outShape(nd *graph.Node, input []int, ins [][]int, training bool) ([]int, e
 		x := ins[0]
 		if a.Features != 0 && x[1] != a.Features {
 			return nil, fmt.Errorf("input has %d channels, the layer has %d features", x[1], a.Features)
+		}
+		if nd.Residual() != nil && !sameInts(ins[1], x) {
+			// Added in place: no broadcasting.
+			return nil, fmt.Errorf("adds residual %s of shape %v to its output of shape %v", nd.Inputs[1].Name, ins[1], x)
 		}
 		if training && numel(x)/x[1] < 2 {
 			return nil, fmt.Errorf("expected more than 1 value per channel when training, got input size %v", x)

@@ -618,7 +618,13 @@ func (e *Executor) forward(r *run, i int, nd *graph.Node, x *HostTensor, recompu
 		}
 		return b.Linear(y, e.in(r, nd, 0), w, e.param(nd, graph.RoleBias))
 	case graph.OpBatchNorm, graph.OpABN, graph.OpInPlaceABN, graph.OpInPlaceABNSync:
-		return e.normalize(r, i, nd, y, e.in(r, nd, 0), !recompute)
+		if err := e.normalize(r, i, nd, y, e.in(r, nd, 0), !recompute); err != nil {
+			return err
+		}
+		if nd.Residual() != nil {
+			return b.Sum(y, y, e.in(r, nd, 1))
+		}
+		return nil
 	case graph.OpReLU, graph.OpLeakyReLU, graph.OpELU, graph.OpHardtanh, graph.OpSigmoid, graph.OpSiLU,
 		graph.OpHardsigmoid, graph.OpHardswish, graph.OpGELU:
 		return b.Activation(y, e.in(r, nd, 0), actOf(nd))
