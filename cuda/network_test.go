@@ -114,9 +114,10 @@ func fixtureNets(t testing.TB) []fixtureNet {
 	// The layout networks (fixtures/shape_nets.py: channel shuffle, an
 	// inception block with a non-zero Pad and ceil_mode, a Linear+BatchNorm1d
 	// head, a segmentation head resized to the input, a UNet and a chain
-	// resized by scale factors and to a fixed size), their shape subgraphs
+	// resized by scale factors and to a fixed size, MobileNetV3 inverted
+	// residuals whose adds the conversion fuses into InPlace-ABN), their shape subgraphs
 	// and layout ops lowered as --graph lowers them.
-	for _, name := range []string{"shuffle", "inception", "head", "seg", "unet", "upseq"} {
+	for _, name := range []string{"shuffle", "inception", "head", "seg", "unet", "upseq", "invres"} {
 		path := filepath.Join("..", "fixtures", "testdata", "shape", name+"_op13.onnx")
 		for _, converted := range []bool{false, true} {
 			m, err := onnx.Read(path)
