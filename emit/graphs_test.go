@@ -338,3 +338,46 @@ func activations() *builder {
 	b.op("add", graph.OpAdd, graph.Attr{}, 8, x, h2)
 	return b
 }
+
+// addResidual makes v's InPlaceABN(identity) node add r to its output
+// (graph.Node.Residual), as the rewrite does at the end of an inverted
+// residual block.
+func addResidual(v, r *graph.Value) *graph.Value {
+	n := v.Producer
+	n.Inputs = append(n.Inputs, r)
+	r.Consumers = append(r.Consumers, n)
+	return v
+}
+
+// invertedResidual: MobileNet-style inverted residual blocks (expand,
+// depthwise, project) whose last norm, InPlaceABN(identity), adds the
+// block's input itself. Block 1's norm reads a private input and flips
+// signs on it in place; block 2's norm has momentum None and reads an input
+// that a later Add reads too (so it works on a copy), with a residual that
+// is an InPlaceABN output; block 3 is on (N, C), after pooling, its residual
+// a view (flatten) of the pooled features.
+func invertedResidual() *builder {
+	b := newBuilder("inverted-residual", 3)
+	stem := b.conv("stem.conv", b.g.Input, 6, 3, 1, 1, 1, false)
+	stem = b.norm(graph.OpInPlaceABN, "stem.bn", stem, graph.ActLeakyReLU, 0.01)
+
+	x := b.conv("block1.expand", stem, 12, 1, 1, 0, 1, false)
+	x = b.norm(graph.OpInPlaceABN, "block1.bn1", x, graph.ActLeakyReLU, 0.01)
+	x = b.conv("block1.dw", x, 12, 3, 1, 1, 12, false)
+	x = b.norm(graph.OpInPlaceABN, "block1.bn2", x, graph.ActELU, 1)
+	x = b.conv("block1.project", x, 6, 1, 1, 0, 1, false)
+	blk := addResidual(b.norm(graph.OpInPlaceABN, "block1.bn3", x, graph.ActIdentity, 0), stem)
+	b.flip(blk, 1, 4)
+
+	p := b.conv("block2.project", blk, 6, 1, 1, 0, 1, true)
+	x = addResidual(b.norm(graph.OpInPlaceABN, "block2.bn", p, graph.ActIdentity, 0), blk)
+	x.Producer.Attr.MomentumNone = true
+	x = b.op("block2.tap", graph.OpAdd, graph.Attr{}, 6, x, p)
+
+	x = b.op("pool", graph.OpAdaptiveAvgPool, graph.Attr{OutputSize: [2]int{1, 1}}, 6, x)
+	f := b.op("flatten", graph.OpFlatten, graph.Attr{StartDim: 1}, 6, x)
+	x = b.linear("block3.fc", f, 6)
+	x = addResidual(b.norm(graph.OpInPlaceABN, "block3.bn", x, graph.ActIdentity, 0), f)
+	b.linear("head", x, 3)
+	return b
+}

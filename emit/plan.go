@@ -46,8 +46,11 @@ type program struct {
 	vars    map[*graph.Value]string
 	dels    [][]*graph.Value // dels[i]: values dead after step i
 	inPlace int              // InPlaceABN(Sync) layers
-	signed  int              // layers with a sign flip
-	groups  int              // recompute groups
+	// residuals counts the InPlaceABN layers that add a residual
+	// (graph.Node.Residual): computed by _inplace_abn_add.
+	residuals int
+	signed    int // layers with a sign flip
+	groups    int // recompute groups
 }
 
 // Roles each parameter-owning op may carry; anything else would put a key in
@@ -139,6 +142,9 @@ func (p *program) planLayers() error {
 		p.byNode[n] = l
 		if isInPlace(n.Op) {
 			p.inPlace++
+		}
+		if n.Residual() != nil {
+			p.residuals++
 		}
 		if l.sign != "" {
 			p.signed++

@@ -82,8 +82,20 @@ In place: the InPlaceABN layers (%d here) overwrite their input with their
 output and keep only that output for the backward pass. Never apply an
 in-place operation (relu_, add_, +=) to such an output: autograd raises at
 backward time. Residual additions and the activations after them are out of
-place here for that reason.
-`, p.inPlace)
+place here for that reason`, p.inPlace)
+		if p.residuals == 0 {
+			b.WriteString(".\n")
+		} else {
+			fmt.Fprintf(b, `, except where an InPlaceABN(identity) layer
+ends a residual block (%d here): _inplace_abn_add then adds the residual
+inside the layer's own autograd step, writing the sum over the layer's input,
+and keeps only the sum (which the next layer keeps anyway) and the residual
+(which the block's first layer keeps anyway); its backward recovers the
+layer's output as sum - residual. Adding the residual in place after the
+layer would overwrite what the layer saved; out of place, both the layer's
+output and the sum would be kept.
+`, p.residuals)
+		}
 	}
 	if p.signed > 0 {
 		fmt.Fprintf(b, `
@@ -150,6 +162,9 @@ def _sign_vector(channels, mask):
     signs = [-1.0 if (bits >> c) & 1 else 1.0 for c in range(channels)]
     return torch.tensor(signs).view(1, channels, 1, 1)
 `)
+	}
+	if p.residuals > 0 {
+		b.WriteString(inPlaceABNAdd)
 	}
 	if p.groups > 0 {
 		b.WriteString(`
@@ -344,6 +359,10 @@ func (p *program) nodeLine(n *graph.Node) (string, error) {
 			note = " " + activationText(a) + note
 		}
 		expr = fmt.Sprintf("%s(%s)", mod, arg)
+		if r := n.Residual(); r != nil {
+			expr = fmt.Sprintf("_inplace_abn_add(%s, %s, %s)", mod, arg, p.vars[r])
+			note += ", plus the residual " + p.vars[r] + " (only the sum is kept)"
+		}
 	case graph.OpReLU:
 		expr = fmt.Sprintf("torch.relu(%s)", in(0))
 	case graph.OpLeakyReLU:

@@ -39,6 +39,7 @@ var cases = []struct {
 	{name: "abn_linear", build: abnLinear, ref: "abn_linear"},
 	{name: "odd_names", build: oddNames},
 	{name: "activations", build: activations, ref: "activations"},
+	{name: "inverted_residual", build: invertedResidual, ref: "inverted_residual"},
 	{name: "tv_resnet18", build: tvResNet18, torchvision: "resnet18", inputSize: 64},
 	{name: "tv_densenet121", build: tvDenseNet121(true), torchvision: "densenet121", inputSize: 32,
 		norms: []string{"features.denseblock1.denselayer1.norm1", "features.denseblock3.denselayer24.norm1"}},

@@ -244,7 +244,22 @@ def ref_activations(sd, x, training, signs):
     return (h - gate) / F.hardtanh(gate, 0.5, 2.0) + h2
 
 
+def ref_inverted_residual(sd, x, training, signs):
+    conv, norm = make_ops(sd, training, signs)
+    stem = norm(conv(x, "stem.conv"), "stem.bn", leaky)
+    t = norm(conv(stem, "block1.expand", pad=0), "block1.bn1", leaky)
+    t = F.conv2d(t, sd["block1.dw.weight"], None, 1, 1, 1, 12)
+    t = conv(norm(t, "block1.bn2", lambda y: F.elu(y, 1.0)), "block1.project", pad=0)
+    blk = norm(t, "block1.bn3", ident) + stem
+    p = conv(blk, "block2.project", pad=0)
+    t = norm(p, "block2.bn", ident) + blk + p
+    f = torch.flatten(F.adaptive_avg_pool2d(t, 1), 1)
+    t = norm(F.linear(f, sd["block3.fc.weight"], sd["block3.fc.bias"]), "block3.bn", ident) + f
+    return F.linear(t, sd["head.weight"], sd["head.bias"])
+
+
 REFERENCES = {
+    "inverted_residual": ref_inverted_residual,
     "activations": ref_activations,
     "conv_bn_act": ref_conv_bn_act,
     "residual": ref_residual,
