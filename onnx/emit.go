@@ -62,6 +62,11 @@ func (w *writer) foldTarget(n *graph.Node) *graph.Node {
 // the activation the ABN node chose under standard ops; any other removed
 // node is dropped (its readers were re-pointed in the IR).
 func (w *writer) removed(info *nodeInfo) error {
+	for n, a := range w.residual {
+		if a == info {
+			return w.residualAdd(n, info)
+		}
+	}
 	var owner *graph.Node
 	for n, a := range w.act {
 		if a == info {
@@ -87,6 +92,43 @@ func (w *writer) removed(info *nodeInfo) error {
 		w.replace[info.index] = []*pb.NodeProto{node}
 	}
 	return nil
+}
+
+// residualAdd writes the Add that residual node n replaced, where it was:
+// the residual plus n's output without it, which every form of n (custom,
+// standard, folded into its Conv) writes under the BatchNormalization's
+// output name.
+func (w *writer) residualAdd(n *graph.Node, info *nodeInfo) error {
+	in := append([]string(nil), info.proto.Input...)
+	for i, k := range info.data {
+		if k < 0 || k >= len(in) {
+			return fmt.Errorf("%w: node %s: its Add reads an implicit input", ErrUnsupported, n.Name)
+		}
+		if info.ir.Inputs[i] == n.Out {
+			in[k] = w.m.byIR[n].proto.Output[0]
+		} else {
+			in[k] = w.name[n.Residual()]
+		}
+	}
+	if equalNames(in, info.proto.Input) {
+		return nil
+	}
+	node := cloneNode(info.proto)
+	node.Input = in
+	w.replace[info.index] = []*pb.NodeProto{node}
+	return nil
+}
+
+func equalNames(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
 }
 
 // activation is the standard node computing n's activation from in to
@@ -273,12 +315,17 @@ func (w *writer) customNode(n *graph.Node, info *nodeInfo, x string, params []st
 	if n.Recompute != "" {
 		attrs = append(attrs, stringAttr("recompute_group", n.Recompute))
 	}
+	out := w.name[n.Out]
+	if n.Residual() != nil {
+		// The residual is added by the Add after it (residualAdd).
+		out = info.proto.Output[0]
+	}
 	node := &pb.NodeProto{
 		Name:      info.proto.Name,
 		OpType:    strp(string(n.Op)),
 		Domain:    strp(Domain),
 		Input:     append([]string{x}, params...),
-		Output:    []string{w.name[n.Out]},
+		Output:    []string{out},
 		Attribute: attrs,
 		DocString: info.proto.DocString,
 	}

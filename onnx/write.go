@@ -161,6 +161,11 @@ type writer struct {
 	act map[*graph.Node]*nodeInfo
 	// fold maps a folded ABN-family node to the Conv it folds into.
 	fold map[*graph.Node]*graph.Node
+	// residual maps an InPlaceABN node that adds a residual
+	// (graph.Node.Residual) to the ONNX Add it replaced, which is written
+	// after it again: ONNX consumers see InPlaceABN (or its standard or
+	// folded form) then Add, the same function.
+	residual map[*graph.Node]*nodeInfo
 
 	taken    map[string]bool // value and node names in use
 	repoint  map[slotRef]string
@@ -195,7 +200,8 @@ func (m *Model) output(outDir, dataName string, opt WriteOptions) (*pb.ModelProt
 		external: map[*pb.TensorProto]*param{}, dataName: dataName,
 		m: m, opt: opt, g: m.Graph,
 		alive: map[*graph.Node]bool{}, name: map[*graph.Value]string{}, act: map[*graph.Node]*nodeInfo{},
-		fold: map[*graph.Node]*graph.Node{}, taken: map[string]bool{}, repoint: map[slotRef]string{},
+		fold: map[*graph.Node]*graph.Node{}, residual: map[*graph.Node]*nodeInfo{},
+		taken: map[string]bool{}, repoint: map[slotRef]string{},
 		drop: map[int]bool{}, replace: map[int][]*pb.NodeProto{}, inPlace: map[string]*pb.TensorProto{},
 		derived: map[slotRef][]float64{}, outputs: map[string]bool{}, groups: map[string][]string{},
 	}
@@ -282,7 +288,7 @@ func (w *writer) check() error {
 		if n.Sign != nil && !n.Op.IsBNFamily() {
 			return fmt.Errorf("%w: %s: a sign vector on a %s node", ErrUnsupported, what, n.Op)
 		}
-		if len(n.Inputs) != len(info.data) {
+		if len(n.Inputs) != len(info.data) && !(n.Residual() != nil && len(n.Inputs) == len(info.data)+1) {
 			return fmt.Errorf("%w: %s: a rewrite changed its number of inputs from %d to %d", ErrUnsupported, what, len(info.data), len(n.Inputs))
 		}
 		if info.kind == kindModelled {
@@ -315,6 +321,41 @@ func (w *writer) check() error {
 			}
 		}
 	}
+	return w.checkResiduals()
+}
+
+// checkResiduals finds, for each InPlaceABN node that adds a residual, the
+// ONNX Add the rewrite removed for it: a binary Add of the node's own
+// output and the residual, whose readers now read the node. The node is
+// written as before the rewrite, into the BatchNormalization's output name,
+// and the Add after it, as read; a residual without such an Add (a node
+// order to invent, names to make up) is refused.
+func (w *writer) checkResiduals() error {
+	for _, n := range w.g.Nodes {
+		r := n.Residual()
+		if r == nil {
+			continue
+		}
+		if !w.abnFromBN(n) {
+			return fmt.Errorf("%w: node %s: adds a residual but was not a BatchNormalization of the model", ErrUnsupported, n.Name)
+		}
+		if w.act[n] != nil {
+			return fmt.Errorf("%w: node %s: adds a residual after a fused activation", ErrUnsupported, n.Name)
+		}
+		for _, info := range w.m.infos {
+			a := info.ir
+			if a == nil || w.alive[a] || info.op != graph.OpAdd || len(a.Inputs) != 2 || len(info.proto.Input) != 2 || len(info.proto.Output) != 1 {
+				continue
+			}
+			if (a.Inputs[0] == n.Out && a.Inputs[1] == r) || (a.Inputs[0] == r && a.Inputs[1] == n.Out) {
+				w.residual[n] = info
+				break
+			}
+		}
+		if w.residual[n] == nil {
+			return fmt.Errorf("%w: node %s: adds residual %s, but no Add of the model that computed that sum was removed for it", ErrUnsupported, n.Name, r.Name)
+		}
+	}
 	return nil
 }
 
@@ -330,6 +371,10 @@ func (w *writer) names() error {
 		w.name[n.Out] = w.m.valueName[n.Out]
 	}
 	for n, a := range w.act {
+		w.name[n.Out] = a.proto.Output[0]
+	}
+	// A residual node's readers read the sum: the Add's output.
+	for n, a := range w.residual {
 		w.name[n.Out] = a.proto.Output[0]
 	}
 	return nil
