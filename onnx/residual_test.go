@@ -1,7 +1,10 @@
 package onnx
 
 import (
+	"encoding/json"
 	"errors"
+	"math"
+	"os"
 	"path/filepath"
 	"testing"
 
@@ -38,86 +41,129 @@ func fuseResidual(t *testing.T, g *graph.Graph, bn string) *graph.Node {
 	return n
 }
 
+// invertedBlock is x[2,4,5,5] -> Conv -> BN -> Relu (r) -> Conv -> BN
+// (gammas of both signs) -> Add(BN, r) -> Conv 1x1 -> y: the end of a
+// residual block, which add-residual fuses (both the sum and r are read by
+// a Conv, which keeps them anyway).
+func invertedBlock() *mb {
+	b := newModel(13).input("x", 2, 4, 5, 5).output("y")
+	b.init("c1.weight", []int64{4, 4, 3, 3}, seq(144, func(i int) float64 { return 0.3 * math.Sin(float64(i)) })...)
+	bn1 := b.bnParams("bn1", []float64{0.5, 1.5, -0.75, 1})
+	b.init("c2.weight", []int64{4, 4, 3, 3}, seq(144, func(i int) float64 { return 0.3 * math.Cos(float64(i)) })...)
+	bn2 := b.bnParams("bn2", []float64{-0.8, 1.2, 0.6, -1.1})
+	b.init("c3.weight", []int64{3, 4, 1, 1}, seq(12, func(i int) float64 { return 0.1*float64(i) - 0.5 })...)
+	conv := []*pb.AttributeProto{aInts("kernel_shape", 3, 3), aInts("pads", 1, 1, 1, 1)}
+	b.node("Conv", "c1", []string{"x", "c1.weight"}, []string{"a"}, conv...)
+	b.node("BatchNormalization", "bn1", append([]string{"a"}, bn1...), []string{"bn1_out"}, aFloat("epsilon", 1e-5), aFloat("momentum", 0.9))
+	b.node("Relu", "relu", []string{"bn1_out"}, []string{"r"})
+	b.node("Conv", "c2", []string{"r", "c2.weight"}, []string{"c"}, conv...)
+	b.node("BatchNormalization", "bn2", append([]string{"c"}, bn2...), []string{"bn2_out"}, aFloat("epsilon", 1e-5), aFloat("momentum", 0.9))
+	b.node("Add", "/Add", []string{"bn2_out", "r"}, []string{"sum"})
+	b.node("Conv", "c3", []string{"sum", "c3.weight"}, []string{"y"}, aInts("kernel_shape", 1, 1))
+	b.m.Graph.Output[0].Type = tensorType(2, 3, 5, 5) // onnx's checker wants it
+	return b
+}
+
 // TestResidualWrite: in every mode an InPlaceABN node that adds a residual
 // is written as its InPlaceABN (custom node, BatchNormalization, or folded
 // into its Conv) into the BatchNormalization's output name, then the
 // model's own Add, unchanged; the file passes onnx's checker, computes what
 // the original computes (numpy evaluator, leaky reference) and reads back.
+// On tiny_cnn the residual is fused by hand (its sum goes to a ReLU, so
+// add-residual leaves it); on invertedBlock by the rewrite itself.
 func TestResidualWrite(t *testing.T) {
-	const src = "testdata/tiny_cnn.onnx"
-	orig := loadProto(t, src)
-	var origAdd *pb.NodeProto
-	for _, n := range orig.Graph.Node {
-		if n.GetName() == "/Add" {
-			origAdd = n
-		}
-	}
-	if origAdd == nil {
-		t.Fatal("tiny_cnn has no /Add")
-	}
-	golden, _ := filepath.Abs("testdata/tiny_cnn.golden.json")
 	dir := t.TempDir()
+	block := invertedBlock().save(t, dir, "block.onnx")
+	blockGolden := filepath.Join(dir, "block.golden.json")
+	in, _ := json.Marshal(map[string]any{"input_shape": []int{2, 4, 5, 5},
+		"input": seq(200, func(i int) float64 { return math.Sin(0.37*float64(i)) * 2 })})
+	if err := os.WriteFile(blockGolden, in, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tinyGolden, _ := filepath.Abs("testdata/tiny_cnn.golden.json")
 	var tasks []task
 	tol := map[string]float64{}
-	for _, c := range []struct {
-		mode     string
-		opt      WriteOptions
-		producer string // op type writing the Add's first input
-		tol      float64
+	for _, s := range []struct {
+		name, path, golden, bn string
+		byHand                 bool
 	}{
-		{"custom", WriteOptions{}, "InPlaceABN", 1e-6},
-		{"standard", WriteOptions{StandardOps: true}, "BatchNormalization", 1e-7},
-		{"fold", WriteOptions{FoldForInference: true}, "Conv", 1e-6},
+		{"tiny_cnn", "testdata/tiny_cnn.onnx", tinyGolden, "/bn2/BatchNormalization", true},
+		{"block", block, blockGolden, "bn2", false},
 	} {
-		t.Run(c.mode, func(t *testing.T) {
-			m := mustRead(t, src)
-			convert(t, m)
-			fuseResidual(t, m.Graph, "/bn2/BatchNormalization")
-			path := filepath.Join(dir, c.mode+".onnx")
-			if err := m.Write(path, c.opt); err != nil {
-				t.Fatal(err)
+		orig := loadProto(t, s.path)
+		var origAdd *pb.NodeProto
+		for _, n := range orig.Graph.Node {
+			if n.GetName() == "/Add" {
+				origAdd = n
 			}
-			out := loadProto(t, path)
-			var add *pb.NodeProto
-			readers := map[string]int{}
-			producer := map[string]*pb.NodeProto{}
-			for _, o := range out.Graph.Node {
-				if o.GetName() == "/Add" {
-					add = o
+		}
+		if origAdd == nil {
+			t.Fatalf("%s has no /Add", s.name)
+		}
+		for _, c := range []struct {
+			mode     string
+			opt      WriteOptions
+			producer string // op type writing the Add's first input
+			tol      float64
+		}{
+			{"custom", WriteOptions{}, "InPlaceABN", 1e-6},
+			{"standard", WriteOptions{StandardOps: true}, "BatchNormalization", 1e-7},
+			{"fold", WriteOptions{FoldForInference: true}, "Conv", 1e-6},
+		} {
+			t.Run(s.name+"/"+c.mode, func(t *testing.T) {
+				m := mustRead(t, s.path)
+				convert(t, m)
+				if s.byHand {
+					fuseResidual(t, m.Graph, s.bn)
+				} else if n := m.Graph.Node(s.bn); n == nil || n.Residual() == nil {
+					t.Fatalf("the rewrite did not fuse the Add into %s: %v", s.bn, n)
 				}
-				for _, in := range o.Input {
-					readers[in]++
+				path := filepath.Join(dir, s.name+"."+c.mode+".onnx")
+				if err := m.Write(path, c.opt); err != nil {
+					t.Fatal(err)
 				}
-				for _, v := range o.Output {
-					producer[v] = o
+				out := loadProto(t, path)
+				var add *pb.NodeProto
+				readers := map[string]int{}
+				producer := map[string]*pb.NodeProto{}
+				for _, o := range out.Graph.Node {
+					if o.GetName() == "/Add" {
+						add = o
+					}
+					for _, in := range o.Input {
+						readers[in]++
+					}
+					for _, v := range o.Output {
+						producer[v] = o
+					}
 				}
-			}
-			if add == nil || !proto.Equal(add, origAdd) {
-				t.Fatalf("the residual Add is written as %v, want the model's own %v", add, origAdd)
-			}
-			bnOut := add.Input[0]
-			p := producer[bnOut]
-			if p == nil || p.GetOpType() != c.producer {
-				t.Fatalf("the Add's input %s is made by %v, want a %s", bnOut, p, c.producer)
-			}
-			if c.mode == "custom" && (p.GetDomain() != Domain || nodeAttrs(p).str("activation", "") != graph.ActIdentity) {
-				t.Errorf("custom node %v", p)
-			}
-			if readers[bnOut] != 1 {
-				t.Errorf("%s has %d readers, want the Add only", bnOut, readers[bnOut])
-			}
-			back, err := ReadWith(path, ReadOptions{AllowEvalExport: c.opt.FoldForInference})
-			if err != nil {
-				t.Fatalf("reading it back: %v", err)
-			}
-			if got, want := opCount(back.Graph)[graph.OpAdd], opCount(mustRead(t, src).Graph)[graph.OpAdd]; got != want {
-				t.Errorf("read back: %d Add nodes, the original %d", got, want)
-			}
-			tasks = append(tasks,
-				task{"op": "checker", "path": path, "full": true},
-				task{"op": "eval", "path": path, "golden": golden, "reference": src, "slope": 0.01})
-			tol[path] = c.tol
-		})
+				if add == nil || !proto.Equal(add, origAdd) {
+					t.Fatalf("the residual Add is written as %v, want the model's own %v", add, origAdd)
+				}
+				bnOut := add.Input[0]
+				p := producer[bnOut]
+				if p == nil || p.GetOpType() != c.producer {
+					t.Fatalf("the Add's input %s is made by %v, want a %s", bnOut, p, c.producer)
+				}
+				if c.mode == "custom" && (p.GetDomain() != Domain || nodeAttrs(p).str("activation", "") != graph.ActIdentity) {
+					t.Errorf("custom node %v", p)
+				}
+				if readers[bnOut] != 1 {
+					t.Errorf("%s has %d readers, want the Add only", bnOut, readers[bnOut])
+				}
+				back, err := ReadWith(path, ReadOptions{AllowEvalExport: c.opt.FoldForInference})
+				if err != nil {
+					t.Fatalf("reading it back: %v", err)
+				}
+				if got, want := opCount(back.Graph)[graph.OpAdd], opCount(mustRead(t, s.path).Graph)[graph.OpAdd]; got != want {
+					t.Errorf("read back: %d Add nodes, the original %d", got, want)
+				}
+				tasks = append(tasks,
+					task{"op": "checker", "path": path, "full": true},
+					task{"op": "eval", "path": path, "golden": s.golden, "reference": s.path, "slope": 0.01})
+				tol[path] = c.tol
+			})
+		}
 	}
 	if t.Failed() {
 		return
