@@ -72,7 +72,9 @@ const maxProto = 1<<31 - 1
 //   - A BatchNormalization that became an ABN-family node is written as one
 //     ai.abnconvert node replacing it and the activation fused into it
 //     (which takes the activation's output name, so readers are
-//     unchanged), or as standard ops (see WriteOptions).
+//     unchanged), or as standard ops (see WriteOptions). One that adds a
+//     residual (graph.Node.Residual, the Add the rewrite fused into it) is
+//     written so, then the model's own Add after it, as read.
 //   - A key whose values changed is written where only its own readers see
 //     it: in place when nothing else reads its value; otherwise, when the
 //     exporter deduplicated that tensor (the same initializer read by
