@@ -70,40 +70,58 @@ func invertedBlock() *mb {
 // model's own Add, unchanged; the file passes onnx's checker, computes what
 // the original computes (numpy evaluator, leaky reference) and reads back.
 // On tiny_cnn the residual is fused by hand (its sum goes to a ReLU, so
-// add-residual leaves it); on invertedBlock by the rewrite itself.
+// add-residual leaves it); on invertedBlock and on torch's export of
+// MobileNetV3-like blocks (fixtures/shape_nets.py's InvRes, one Add with the
+// BatchNorm second) by the rewrite itself.
 func TestResidualWrite(t *testing.T) {
 	dir := t.TempDir()
 	block := invertedBlock().save(t, dir, "block.onnx")
 	blockGolden := filepath.Join(dir, "block.golden.json")
-	in, _ := json.Marshal(map[string]any{"input_shape": []int{2, 4, 5, 5},
+	writeJSON(t, blockGolden, map[string]any{"input_shape": []int{2, 4, 5, 5},
 		"input": seq(200, func(i int) float64 { return math.Sin(0.37*float64(i)) * 2 })})
-	if err := os.WriteFile(blockGolden, in, 0o644); err != nil {
+	// InvRes's input as check.py's eval task reads it.
+	var inv struct {
+		Input       []int     `json:"input"`
+		Values      []float64 `json:"input_values"`
+		OutputShape []int     `json:"output_shape"`
+		Output      []float64 `json:"eval_output"`
+	}
+	b, err := os.ReadFile(filepath.Join(shapeDir, "invres.json"))
+	if err != nil {
 		t.Fatal(err)
 	}
+	if err := json.Unmarshal(b, &inv); err != nil {
+		t.Fatal(err)
+	}
+	invGolden := filepath.Join(dir, "invres.golden.json")
+	writeJSON(t, invGolden, map[string]any{"input_shape": inv.Input, "input": inv.Values,
+		"output_shape": inv.OutputShape, "output": inv.Output})
+	// The evaluator itself against PyTorch's eval output of InvRes
+	// (HardSigmoid, Clip, grouped convolutions).
+	invPath := filepath.Join(shapeDir, "invres_op13.onnx")
+	tasks := []task{{"op": "eval", "path": invPath, "golden": invGolden, "reference": "golden"}}
+	tol := map[string]float64{invPath: 1e-5}
 	tinyGolden, _ := filepath.Abs("testdata/tiny_cnn.golden.json")
-	var tasks []task
-	tol := map[string]float64{}
+
+	type site struct{ bn, add string }
 	for _, s := range []struct {
-		name, path, golden, bn string
-		byHand                 bool
+		name, path, golden string
+		sites              []site
+		byHand             bool
 	}{
-		{"tiny_cnn", "testdata/tiny_cnn.onnx", tinyGolden, "/bn2/BatchNormalization", true},
-		{"block", block, blockGolden, "bn2", false},
+		{"tiny_cnn", "testdata/tiny_cnn.onnx", tinyGolden, []site{{"/bn2/BatchNormalization", "/Add"}}, true},
+		{"block", block, blockGolden, []site{{"bn2", "/Add"}}, false},
+		{"invres", invPath, invGolden, []site{
+			{"/project1/project1.1/BatchNormalization", "/Add"}, {"/project2/project2.1/BatchNormalization", "/Add_1"}}, false},
 	} {
-		orig := loadProto(t, s.path)
-		var origAdd *pb.NodeProto
-		for _, n := range orig.Graph.Node {
-			if n.GetName() == "/Add" {
-				origAdd = n
-			}
-		}
-		if origAdd == nil {
-			t.Fatalf("%s has no /Add", s.name)
+		orig := map[string]*pb.NodeProto{}
+		for _, n := range loadProto(t, s.path).Graph.Node {
+			orig[n.GetName()] = n
 		}
 		for _, c := range []struct {
 			mode     string
 			opt      WriteOptions
-			producer string // op type writing the Add's first input
+			producer string // op type writing the sum's other operand
 			tol      float64
 		}{
 			{"custom", WriteOptions{}, "InPlaceABN", 1e-6},
@@ -113,23 +131,22 @@ func TestResidualWrite(t *testing.T) {
 			t.Run(s.name+"/"+c.mode, func(t *testing.T) {
 				m := mustRead(t, s.path)
 				convert(t, m)
-				if s.byHand {
-					fuseResidual(t, m.Graph, s.bn)
-				} else if n := m.Graph.Node(s.bn); n == nil || n.Residual() == nil {
-					t.Fatalf("the rewrite did not fuse the Add into %s: %v", s.bn, n)
+				for _, st := range s.sites {
+					if s.byHand {
+						fuseResidual(t, m.Graph, st.bn)
+					} else if n := m.Graph.Node(st.bn); n == nil || n.Residual() == nil {
+						t.Fatalf("the rewrite did not fuse an Add into %s: %v", st.bn, n)
+					}
 				}
 				path := filepath.Join(dir, s.name+"."+c.mode+".onnx")
 				if err := m.Write(path, c.opt); err != nil {
 					t.Fatal(err)
 				}
-				out := loadProto(t, path)
-				var add *pb.NodeProto
+				written := map[string]*pb.NodeProto{}
 				readers := map[string]int{}
 				producer := map[string]*pb.NodeProto{}
-				for _, o := range out.Graph.Node {
-					if o.GetName() == "/Add" {
-						add = o
-					}
+				for _, o := range loadProto(t, path).Graph.Node {
+					written[o.GetName()] = o
 					for _, in := range o.Input {
 						readers[in]++
 					}
@@ -137,19 +154,25 @@ func TestResidualWrite(t *testing.T) {
 						producer[v] = o
 					}
 				}
-				if add == nil || !proto.Equal(add, origAdd) {
-					t.Fatalf("the residual Add is written as %v, want the model's own %v", add, origAdd)
-				}
-				bnOut := add.Input[0]
-				p := producer[bnOut]
-				if p == nil || p.GetOpType() != c.producer {
-					t.Fatalf("the Add's input %s is made by %v, want a %s", bnOut, p, c.producer)
-				}
-				if c.mode == "custom" && (p.GetDomain() != Domain || nodeAttrs(p).str("activation", "") != graph.ActIdentity) {
-					t.Errorf("custom node %v", p)
-				}
-				if readers[bnOut] != 1 {
-					t.Errorf("%s has %d readers, want the Add only", bnOut, readers[bnOut])
+				for _, st := range s.sites {
+					add, want := written[st.add], orig[st.add]
+					if add == nil || !proto.Equal(add, want) {
+						t.Fatalf("the residual Add is written as %v, want the model's own %v", add, want)
+					}
+					bnOut := orig[st.bn].Output[0]
+					if !containsString(add.Input, bnOut) {
+						t.Fatalf("%s reads %v, not %s", st.add, add.Input, bnOut)
+					}
+					p := producer[bnOut]
+					if p == nil || p.GetOpType() != c.producer {
+						t.Fatalf("%s's input %s is made by %v, want a %s", st.add, bnOut, p, c.producer)
+					}
+					if c.mode == "custom" && (p.GetDomain() != Domain || nodeAttrs(p).str("activation", "") != graph.ActIdentity) {
+						t.Errorf("custom node %v", p)
+					}
+					if readers[bnOut] != 1 {
+						t.Errorf("%s has %d readers, want %s only", bnOut, readers[bnOut], st.add)
+					}
 				}
 				back, err := ReadWith(path, ReadOptions{AllowEvalExport: c.opt.FoldForInference})
 				if err != nil {
@@ -179,6 +202,17 @@ func TestResidualWrite(t *testing.T) {
 		case r.Task["op"] == "eval":
 			t.Logf("%s: max abs diff %.3g, rel %.3g", what, r.MaxAbs, r.Rel)
 		}
+	}
+}
+
+func writeJSON(t *testing.T, path string, v any) {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
 	}
 }
 

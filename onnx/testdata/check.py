@@ -173,6 +173,15 @@ def evaluate(model, x, leaky=None):
             out = act(ins[0], "elu", a.get("alpha", 1.0))
         elif op == "Sigmoid":
             out = 1 / (1 + np.exp(-ins[0]))
+        elif op == "HardSigmoid":
+            out = np.clip(a.get("alpha", 0.2) * ins[0] + a.get("beta", 0.5), 0, 1)
+        elif op == "HardSwish":
+            out = ins[0] * np.clip(ins[0] / 6 + 0.5, 0, 1)
+        elif op == "Clip":
+            # min and max: inputs from opset 11, attributes before.
+            lo = ins[1] if len(ins) > 1 and ins[1] is not None else a.get("min", -np.inf)
+            hi = ins[2] if len(ins) > 2 and ins[2] is not None else a.get("max", np.inf)
+            out = np.clip(ins[0], lo, hi)
         elif op in ("Add", "Mul", "Sub", "Div"):
             f = {"Add": np.add, "Mul": np.multiply, "Sub": np.subtract, "Div": np.divide}[op]
             out = f(ins[0], ins[1])
