@@ -137,8 +137,10 @@ torchvision's forward otherwise unchanged), with the stand-in:
 torchvision's InvertedResidual does \`result += input\` in place on the block's
 last InPlace-ABN output, which that layer saved to invert in its backward: the
 forward keeps one tensor fewer per residual block, and no backward can run.
-A module that trains keeps the Add's result too (abnconvert's emitted module: the
-Add out of place), hence the exact conversion's figure above.
+abnconvert fuses that add into the layer instead (rewrite's add-residual; the
+emitted module's \`_inplace_abn_add\`, which keeps the sum and recovers the
+layer's output from it in backward): the exact conversion's figure above, with a
+backward that runs.
 EOF
 } >"$OUT"
 echo "wrote $OUT" >&2
