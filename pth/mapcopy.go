@@ -3,6 +3,7 @@ package pth
 import (
 	"fmt"
 	"hash/crc32"
+	"io"
 	"os"
 	"runtime/debug"
 	"syscall"
@@ -13,11 +14,15 @@ import (
 // copyMapped copies a stored record into the archive from a memory map of
 // the input, a window at a time: write(2) then copies page cache to page
 // cache once, where read(2) into a buffer and write(2) out of it copy every
-// byte twice. The record's CRC is checked on the way (each byte is read
-// once: the output's CRC is combined from the same chunk CRCs, changed for
-// the chunks the sign flips of t's pending negations touch by the flips'
-// own CRC, without reading the flipped copy the flips are applied in). The windows are unmapped as the copy moves
-// on, so resident memory stays at one window whatever the file's size.
+// byte twice. Everything but the writing runs on the other core, a chunk
+// ahead: the map is not populated up front, so its pages are faulted in
+// there, by the pass that checks the record's CRC (each byte is read once),
+// and the same pass flips the sign bits of t's pending negations into a
+// scratch copy of the chunks they touch. The output's CRC is combined from
+// the same chunk CRCs, changed for the flipped chunks by the flips' own
+// CRC (negate.CRCDelta), without reading the flipped copy. The windows are
+// unmapped as the copy moves on, so resident memory stays at one window
+// (and its scratch copy) whatever the file's size.
 func (c *Checkpoint) copyMapped(z *zipWriter, name string, st *Storage, t *Tensor) (err error) {
 	const (
 		window = 8 << 20
@@ -28,6 +33,9 @@ func (c *Checkpoint) copyMapped(z *zipWriter, name string, st *Storage, t *Tenso
 	if t != nil {
 		l, _ = layoutOf(t)
 		chans = t.negate
+		if z.flip == nil {
+			z.flip = make([]byte, window)
+		}
 	}
 	e, err := z.begin(name, st.rec.size)
 	if err != nil {
@@ -55,61 +63,54 @@ func (c *Checkpoint) copyMapped(z *zipWriter, name string, st *Storage, t *Tenso
 		n := min(window, size-off)
 		at := st.rec.offset + off
 		base := at &^ (page - 1)
-		m, err := syscall.Mmap(int(c.f.Fd()), base, int(at-base+n), syscall.PROT_READ, syscall.MAP_SHARED|syscall.MAP_POPULATE)
+		m, err := syscall.Mmap(int(c.f.Fd()), base, int(at-base+n), syscall.PROT_READ, syscall.MAP_SHARED)
 		if err != nil {
 			return fmt.Errorf("%s: mapping %s: %w", c.Path, st.rec.name, err)
 		}
 		data := m[at-base:]
-		// The input's CRC is computed on the other core while this one
-		// writes: per chunk, combined in order once both are done.
 		nchunks := int((n + chunk - 1) / chunk)
 		sums := make([]uint32, nchunks)
+		outSums := make([]uint32, nchunks)
+		pieces := make([][][]byte, nchunks) // a flipped chunk's pieces
+		ready := make(chan struct{}, nchunks)
 		done := make(chan any, 1)
 		go func() {
 			debug.SetPanicOnFault(true) // per goroutine
-			defer func() { done <- recover() }()
+			defer func() {
+				done <- recover()
+				close(ready)
+			}()
 			for k := range sums {
-				sums[k] = crc32.ChecksumIEEE(data[int64(k)*chunk : min(int64(k+1)*chunk, n)])
+				lo, hi := int64(k)*chunk, min(int64(k+1)*chunk, n)
+				b := data[lo:hi]
+				sums[k] = crc32.ChecksumIEEE(b)
+				if pos := off + lo; chans != nil && l.Touches(chans, pos, hi-lo) {
+					pieces[k] = l.Segments(z.flip[lo:hi], b, chans, pos, nil)
+					outSums[k] = sums[k] ^ l.CRCDelta(chans, pos, hi-lo)
+				} else {
+					outSums[k] = sums[k]
+				}
+				ready <- struct{}{}
 			}
 		}()
-		outSums := make([]uint32, nchunks)
-		flipped := make([]bool, nchunks)
 		for k := 0; k < nchunks && err == nil; k++ {
-			b := data[int64(k)*chunk : min(int64(k+1)*chunk, n)]
-			pos := off + int64(k)*chunk
-			out := b
-			if chans != nil && l.Touches(chans, pos, int64(len(b))) {
-				out = z.buf[:len(b)]
-				// The flipped chunk's CRC is the input chunk's changed
-				// by the flip mask's (negate.CRCDelta): no pass over
-				// the output.
-				outSums[k], flipped[k] = l.CRCDelta(chans, pos, int64(len(b))), true
+			if _, ok := <-ready; !ok {
+				break // a fault in the map: re-raised below
 			}
 			var w int
-			if vw, ok := z.w.(vecWriter); ok && flipped[k] {
-				// The unflipped bytes go from the map, the flipped
-				// ones from the scratch copy, in one writev.
-				z.vec = l.Segments(z.buf[:len(b)], b, chans, pos, z.vec[:0])
-				w, err = vw.WriteVec(z.vec)
+			if pieces[k] == nil {
+				w, err = z.w.Write(data[int64(k)*chunk : min(int64(k+1)*chunk, n)])
 			} else {
-				if flipped[k] {
-					l.CopyApply(out, b, chans, pos)
-				}
-				w, err = z.w.Write(out)
+				w, err = writePieces(z.w, pieces[k])
 			}
 			z.off += int64(w)
 		}
 		if r := <-done; r != nil {
 			panic(r) // a fault in the map: recovered above as a read error
 		}
-		for k, sum := range sums {
+		for k := range sums {
 			ln := min(int64(k+1)*chunk, n) - int64(k)*chunk
-			crcIn = crc32Combine(crcIn, sum, ln)
-			if flipped[k] {
-				outSums[k] ^= sum
-			} else {
-				outSums[k] = sum
-			}
+			crcIn = crc32Combine(crcIn, sums[k], ln)
 			crcOut = crc32Combine(crcOut, outSums[k], ln)
 		}
 		if uerr := syscall.Munmap(m); err == nil && uerr != nil {
@@ -123,6 +124,23 @@ func (c *Checkpoint) copyMapped(z *zipWriter, name string, st *Storage, t *Tenso
 		return fmt.Errorf("%s: record %s is corrupt: CRC-32 %08x, the archive records %08x", c.Path, st.rec.name, crcIn, st.rec.crc)
 	}
 	return z.finish(e, crcOut)
+}
+
+// writePieces writes bufs in order: in one vectored write where w takes
+// one (the unflipped bytes straight from the map), else one by one.
+func writePieces(w io.Writer, bufs [][]byte) (int, error) {
+	if vw, ok := w.(vecWriter); ok {
+		return vw.WriteVec(bufs)
+	}
+	total := 0
+	for _, b := range bufs {
+		n, err := w.Write(b)
+		total += n
+		if err != nil {
+			return total, err
+		}
+	}
+	return total, nil
 }
 
 // vecWriter is a writer that takes several buffers in one call

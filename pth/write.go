@@ -205,8 +205,30 @@ func (c *Checkpoint) writeTo(w io.Writer, force64 bool) (int64, error) {
 	if err := add("archive/byteorder", []byte("little")); err != nil {
 		return z.off, err
 	}
+	// Runs of small stored records are copied together (copyBatch).
+	var batch []batchRecord
+	var bufs [][]byte
+	flush := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		err := c.copyBatch(z, batch, &bufs)
+		batch = batch[:0]
+		return err
+	}
 	for _, s := range plan.storages {
 		name := "archive/data/" + s.key
+		if s.data != nil && batchCopy && int64(len(s.data)) < batchBuf {
+			batch = append(batch, batchRecord{name: name, data: s.data})
+			continue
+		}
+		if s.data == nil && s.stream == nil && c.batchable(s.src) {
+			batch = append(batch, batchRecord{name: name, st: s.src, t: s.negated})
+			continue
+		}
+		if err := flush(); err != nil {
+			return z.off, err
+		}
 		if s.data != nil {
 			if err := add(name, s.data); err != nil {
 				return z.off, err
@@ -234,6 +256,9 @@ func (c *Checkpoint) writeTo(w io.Writer, force64 bool) (int64, error) {
 		if err := c.copyRecord(z, name, s.src); err != nil {
 			return z.off, err
 		}
+	}
+	if err := flush(); err != nil {
+		return z.off, err
 	}
 	if c.Provenance != nil {
 		if err := add("archive/"+ProvenanceRecord, c.Provenance); err != nil {
