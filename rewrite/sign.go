@@ -102,19 +102,9 @@ func foldReach(st *State, r *reaches, p *graph.Node, pc int) ([]hit, string) {
 	if info.why != nil {
 		return nil, info.why(pc)
 	}
-	// A site reached along two paths at the same channel is one hit: its
-	// gamma is negated once.
-	type sc struct {
-		s *site
-		c int
-	}
-	seen := make(map[sc]bool, len(info.hits))
-	hits := make([]hit, 0, len(info.hits))
-	for _, h := range info.hits {
-		if k := (sc{h.s, pc + h.off}); !seen[k] {
-			seen[k] = true
-			hits = append(hits, hit{h.s, k.c})
-		}
+	hits := make([]hit, len(info.hits))
+	for i, h := range info.hits {
+		hits[i] = hit{h.s, pc + h.off}
 	}
 	return hits, ""
 }
@@ -132,6 +122,8 @@ type reaches struct {
 }
 
 type reach struct {
+	// hits has no repeats: a site reached along two paths at the same
+	// channel is one hit (its gamma is negated once), the first met.
 	hits []reachHit
 	why  func(c int) string // nil when every reader is a site
 }
@@ -148,8 +140,22 @@ func (r *reaches) of(v *graph.Value) *reach {
 		return info
 	}
 	info := r.walk(v)
+	info.hits = uniqueHits(info.hits)
 	r.memo[v] = info
 	return info
+}
+
+// uniqueHits drops the repeats of hits, keeping the first of each.
+func uniqueHits(hits []reachHit) []reachHit {
+	seen := make(map[reachHit]bool, len(hits))
+	out := hits[:0]
+	for _, h := range hits {
+		if !seen[h] {
+			seen[h] = true
+			out = append(out, h)
+		}
+	}
+	return out
 }
 
 func (r *reaches) walk(v *graph.Value) *reach {
@@ -301,7 +307,9 @@ func foldSigns(st *State) error {
 func fold(st *State, p *graph.Node, pc int, hits []hit) error {
 	for _, role := range []string{graph.RoleWeight, graph.RoleBias} {
 		if key := p.Params[role]; key != "" {
-			st.t.negateSlice(key, pc)
+			if err := st.t.negateSlice(key, pc); err != nil {
+				return fmt.Errorf("node %s: %w", p.Name, err)
+			}
 		}
 	}
 	for _, h := range hits {

@@ -13,21 +13,34 @@ import (
 // the pass ends, so that at most one convolution's weights are held in
 // memory. It also keeps the report's bookkeeping of what changed.
 type tensors struct {
-	w      graph.Weights
-	cur    map[string][]float64
-	orig   map[string][]float64
-	negate map[string]map[int]bool // key -> dim-0 indices to negate at flush
-	// flips counts, per key and dim-0 index, how often the sign was flipped;
-	// an index is reported when the count is odd.
-	flips   map[string]map[int]int
+	w    graph.Weights
+	cur  map[string][]float64
+	orig map[string][]float64
+	// negate marks, per key, the dim-0 indices to negate at flush; flips
+	// says, per key and dim-0 index, whether the sign was flipped an odd
+	// number of times (those are reported). Both are indexed by channel
+	// (grown as needed): a fold touches thousands of channels, which maps
+	// of maps made the largest cost of the pass.
+	negate  map[string][]bool
+	flips   map[string][]bool
 	changed map[string]bool
 }
 
 func newTensors(w graph.Weights) *tensors {
 	return &tensors{
 		w: w, cur: map[string][]float64{}, orig: map[string][]float64{},
-		negate: map[string]map[int]bool{}, flips: map[string]map[int]int{}, changed: map[string]bool{},
+		negate: map[string][]bool{}, flips: map[string][]bool{}, changed: map[string]bool{},
 	}
+}
+
+// toggle flips index i (not negative) of m[key], growing it as needed.
+func toggle(m map[string][]bool, key string, i int) {
+	b := m[key]
+	if i >= len(b) {
+		b = append(b, make([]bool, i+1-len(b))...)
+		m[key] = b
+	}
+	b[i] = !b[i]
 }
 
 // vec returns the cached, mutable values of a per-channel vector.
@@ -59,21 +72,17 @@ func (t *tensors) negateVec(key string, i int) error {
 }
 
 // negateSlice queues the negation of slice i along dim 0 of key.
-func (t *tensors) negateSlice(key string, i int) {
-	if t.negate[key] == nil {
-		t.negate[key] = map[int]bool{}
+func (t *tensors) negateSlice(key string, i int) error {
+	if i < 0 {
+		return fmt.Errorf("%q has no slice %d", key, i)
 	}
 	// Queued twice means flipped twice: no change at all.
-	t.negate[key][i] = !t.negate[key][i]
+	toggle(t.negate, key, i)
 	t.flipped(key, i)
+	return nil
 }
 
-func (t *tensors) flipped(key string, i int) {
-	if t.flips[key] == nil {
-		t.flips[key] = map[int]int{}
-	}
-	t.flips[key][i]++
-}
+func (t *tensors) flipped(key string, i int) { toggle(t.flips, key, i) }
 
 // flush writes every changed vector and applies the queued negations, then
 // empties the cache.
@@ -104,11 +113,11 @@ func (t *tensors) flush() error {
 	}
 	t.cur = map[string][]float64{}
 	t.orig = map[string][]float64{}
-	t.negate = map[string]map[int]bool{}
+	t.negate = map[string][]bool{}
 	return nil
 }
 
-func (t *tensors) applyNegation(key string, idx map[int]bool) error {
+func (t *tensors) applyNegation(key string, idx []bool) error {
 	if n, ok := t.w.(graph.ChannelNegater); ok {
 		var chans []int
 		for i, on := range idx {
@@ -116,7 +125,6 @@ func (t *tensors) applyNegation(key string, idx map[int]bool) error {
 				chans = append(chans, i)
 			}
 		}
-		sort.Ints(chans)
 		changed, err := n.NegateChannels(key, chans)
 		if err != nil {
 			return fmt.Errorf("negating channels of %q: %w", key, err)
@@ -143,7 +151,7 @@ func (t *tensors) applyNegation(key string, idx map[int]bool) error {
 		if !on {
 			continue
 		}
-		if i < 0 || i >= shape[0] {
+		if i >= shape[0] {
 			return fmt.Errorf("negating channel %d of %q, which has %d", i, key, shape[0])
 		}
 		for j := i * stride; j < (i+1)*stride; j++ {
@@ -176,18 +184,16 @@ func differ(a, b []float64) bool {
 // flipReport returns the odd-count flips per key, sorted.
 func (t *tensors) flipReport() map[string][]int {
 	out := map[string][]int{}
-	for k, m := range t.flips {
+	for k, odd := range t.flips {
 		var idx []int
-		for i, n := range m {
-			if n%2 == 1 {
+		for i, on := range odd {
+			if on {
 				idx = append(idx, i)
 			}
 		}
-		if len(idx) == 0 {
-			continue
+		if len(idx) > 0 {
+			out[k] = idx
 		}
-		sort.Ints(idx)
-		out[k] = idx
 	}
 	return out
 }
