@@ -88,6 +88,18 @@ var opcodes = map[byte]opInfo{
 	0x96: {argLen8, 0}, 0x97: {}, 0x98: {},
 }
 
+// opTable is opcodes indexed by opcode (known: listed), which the scanner
+// looks up once per opcode.
+var opTable = func() (t [256]struct {
+	opInfo
+	known bool
+}) {
+	for op, info := range opcodes {
+		t[op].opInfo, t[op].known = info, true
+	}
+	return t
+}()
+
 // Bounds on what the scanner accepts; real checkpoints are far below them.
 const (
 	// maxLong bounds LONG4 integers (in bytes) and maxDigits text integers
@@ -207,7 +219,14 @@ func scanPickle(r *bufio.Reader, limit int64) (res scanned, err error) {
 		}
 	)
 	seenEvent := map[event]bool{}
+	var seenOp [256]bool // the opcode events, one per opcode: the common case, without hashing an event
 	note := func(e event) {
+		if e.kind == evOpcode && e == (event{kind: evOpcode, op: e.op}) {
+			if seenOp[e.op] {
+				return
+			}
+			seenOp[e.op] = true
+		}
 		e.offset = int64(opStart)
 		key := e
 		key.offset = 0
@@ -320,8 +339,8 @@ func scanPickle(r *bufio.Reader, limit int64) (res scanned, err error) {
 			return res, err
 		}
 		op := b[0]
-		info, ok := opcodes[op]
-		if !ok {
+		info := opTable[op]
+		if !info.known {
 			return res, fmt.Errorf("unknown pickle opcode 0x%02x at offset %d", op, opStart)
 		}
 		note(event{kind: evOpcode, op: op})

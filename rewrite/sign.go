@@ -96,16 +96,18 @@ type hit struct {
 // foldReach follows output channel pc of producer p forward to every reader.
 // Negating that channel is only invisible if every reader is a BN site,
 // which takes the sign back through its gamma and running mean; it returns
-// those sites' channels, or why the fold is impossible.
+// those sites' channels (valid until the next call), or why the fold is
+// impossible.
 func foldReach(st *State, r *reaches, p *graph.Node, pc int) ([]hit, string) {
 	info := r.of(p.Out)
 	if info.why != nil {
 		return nil, info.why(pc)
 	}
-	hits := make([]hit, len(info.hits))
-	for i, h := range info.hits {
-		hits[i] = hit{h.s, pc + h.off}
+	hits := r.scratch[:0]
+	for _, h := range info.hits {
+		hits = append(hits, hit{h.s, pc + h.off})
 	}
+	r.scratch = hits
 	return hits, ""
 }
 
@@ -119,6 +121,10 @@ func foldReach(st *State, r *reaches, p *graph.Node, pc int) ([]hit, string) {
 type reaches struct {
 	st   *State
 	memo map[*graph.Value]*reach
+	// scratch holds foldReach's result, which is used up before the next
+	// call: a DenseNet channel reaches dozens of sites, for each of
+	// thousands of negative channels.
+	scratch []hit
 }
 
 type reach struct {
