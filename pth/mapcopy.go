@@ -14,29 +14,15 @@ import (
 // copyMapped copies a stored record into the archive from a memory map of
 // the input, a window at a time: write(2) then copies page cache to page
 // cache once, where read(2) into a buffer and write(2) out of it copy every
-// byte twice. Everything but the writing runs on the other core, a chunk
-// ahead: the map is not populated up front, so its pages are faulted in
-// there, by the pass that checks the record's CRC (each byte is read once),
-// and the same pass flips the sign bits of t's pending negations into a
-// scratch copy of the chunks they touch. The output's CRC is combined from
-// the same chunk CRCs, changed for the flipped chunks by the flips' own
-// CRC (negate.CRCDelta), without reading the flipped copy. The windows are
-// unmapped as the copy moves on, so resident memory stays at one window
-// (and its scratch copy) whatever the file's size.
+// byte twice. Everything but the writing runs on the other core, a window
+// ahead (mapWindows): mapping, populating the map, checking the record's
+// CRC (each byte is read once) and flipping the sign bits of t's pending
+// negations into a scratch copy of the chunks they touch. The output's CRC
+// is combined from the same chunk CRCs, changed for the flipped chunks by
+// the flips' own CRC (negate.CRCDelta), without reading the flipped copy.
+// Windows are unmapped as the copy moves on, so resident memory stays at
+// two windows (and their scratch copies) whatever the file's size.
 func (c *Checkpoint) copyMapped(z *zipWriter, name string, st *Storage, t *Tensor) (err error) {
-	const (
-		window = 8 << 20
-		chunk  = mapChunk
-	)
-	var l negate.Layout
-	var chans []int
-	if t != nil {
-		l, _ = layoutOf(t)
-		chans = t.negate
-		if z.flip == nil {
-			z.flip = make([]byte, window)
-		}
-	}
 	e, err := z.begin(name, st.rec.size)
 	if err != nil {
 		return err
@@ -56,66 +42,41 @@ func (c *Checkpoint) copyMapped(z *zipWriter, name string, st *Storage, t *Tenso
 	} else if end := st.rec.offset + st.rec.size; fi.Size() < end {
 		return fmt.Errorf("%s: %s ends at byte %d, past the end of the file (%d bytes): the file is truncated or changed while read", c.Path, st.rec.name, end, fi.Size())
 	}
-	page := int64(os.Getpagesize())
+	windows, stop := c.mapWindows(st, t, &z.flip)
+	defer func() {
+		close(stop)
+		for w := range windows { // the helper's windows not written
+			syscall.Munmap(w.m)
+		}
+	}()
 	var crcIn, crcOut uint32
-	size := st.rec.size
-	for off := int64(0); off < size; off += window {
-		n := min(window, size-off)
-		at := st.rec.offset + off
-		base := at &^ (page - 1)
-		m, err := syscall.Mmap(int(c.f.Fd()), base, int(at-base+n), syscall.PROT_READ, syscall.MAP_SHARED)
-		if err != nil {
-			return fmt.Errorf("%s: mapping %s: %w", c.Path, st.rec.name, err)
+	for w := range windows {
+		if w.err != nil {
+			return w.err
 		}
-		data := m[at-base:]
-		nchunks := int((n + chunk - 1) / chunk)
-		sums := make([]uint32, nchunks)
-		outSums := make([]uint32, nchunks)
-		pieces := make([][][]byte, nchunks) // a flipped chunk's pieces
-		ready := make(chan struct{}, nchunks)
-		done := make(chan any, 1)
-		go func() {
-			debug.SetPanicOnFault(true) // per goroutine
-			defer func() {
-				done <- recover()
-				close(ready)
-			}()
-			for k := range sums {
-				lo, hi := int64(k)*chunk, min(int64(k+1)*chunk, n)
-				b := data[lo:hi]
-				sums[k] = crc32.ChecksumIEEE(b)
-				if pos := off + lo; chans != nil && l.Touches(chans, pos, hi-lo) {
-					pieces[k] = l.Segments(z.flip[lo:hi], b, chans, pos, nil)
-					outSums[k] = sums[k] ^ l.CRCDelta(chans, pos, hi-lo)
-				} else {
-					outSums[k] = sums[k]
-				}
-				ready <- struct{}{}
-			}
-		}()
-		for k := 0; k < nchunks && err == nil; k++ {
-			if _, ok := <-ready; !ok {
-				break // a fault in the map: re-raised below
-			}
-			var w int
-			if pieces[k] == nil {
-				w, err = z.w.Write(data[int64(k)*chunk : min(int64(k+1)*chunk, n)])
+		if w.fault != nil {
+			syscall.Munmap(w.m)
+			panic(w.fault) // a fault in the map: recovered above as a read error
+		}
+		for k := range w.sums {
+			lo, hi := int64(k)*mapChunk, min(int64(k+1)*mapChunk, int64(len(w.data)))
+			var n int
+			if w.pieces[k] == nil {
+				n, err = z.w.Write(w.data[lo:hi])
 			} else {
-				w, err = writePieces(z.w, pieces[k])
+				n, err = writePieces(z.w, w.pieces[k])
 			}
-			z.off += int64(w)
+			z.off += int64(n)
+			if err != nil {
+				break
+			}
+			crcIn = crc32Combine(crcIn, w.sums[k], hi-lo)
+			crcOut = crc32Combine(crcOut, w.outSums[k], hi-lo)
 		}
-		if r := <-done; r != nil {
-			panic(r) // a fault in the map: recovered above as a read error
-		}
-		for k := range sums {
-			ln := min(int64(k+1)*chunk, n) - int64(k)*chunk
-			crcIn = crc32Combine(crcIn, sums[k], ln)
-			crcOut = crc32Combine(crcOut, outSums[k], ln)
-		}
-		if uerr := syscall.Munmap(m); err == nil && uerr != nil {
+		if uerr := syscall.Munmap(w.m); err == nil && uerr != nil {
 			err = uerr
 		}
+		w.done <- w.flip
 		if err != nil {
 			return fmt.Errorf("writing %s: %w", name, err)
 		}
@@ -124,6 +85,113 @@ func (c *Checkpoint) copyMapped(z *zipWriter, name string, st *Storage, t *Tenso
 		return fmt.Errorf("%s: record %s is corrupt: CRC-32 %08x, the archive records %08x", c.Path, st.rec.name, crcIn, st.rec.crc)
 	}
 	return z.finish(e, crcOut)
+}
+
+// mapWindow is one window of a record copyMapped copies, made ready by
+// mapWindows: data (in the map m) cut in chunks of mapChunk bytes, each
+// with the CRC of its bytes and of its output (flipped where t negates
+// channels, pieces then being the chunk's bytes to write, unflipped ones
+// from the map and flipped ones from flip). The writer unmaps m and hands
+// flip back through done.
+type mapWindow struct {
+	m, data, flip []byte
+	sums, outSums []uint32
+	pieces        [][][]byte
+	done          chan<- []byte
+	fault         any // a fault in the map while reading it
+	err           error
+}
+
+// mapWindowSize is the size of copyMapped's windows (the tests lower it to
+// copy their small fixtures' records in several).
+var mapWindowSize int64 = 4 << 20
+
+// mapWindows makes st's record's windows ready in order on a goroutine of
+// its own, at most two at a time (the one written and the next), until
+// stop is closed. The scratch copies for flips are kept in *scratch for
+// the next record.
+func (c *Checkpoint) mapWindows(st *Storage, t *Tensor, scratch *[][]byte) (<-chan *mapWindow, chan struct{}) {
+	var l negate.Layout
+	var chans []int
+	if t != nil {
+		l, _ = layoutOf(t)
+		chans = t.negate
+		for len(*scratch) < 2 {
+			*scratch = append(*scratch, make([]byte, mapWindowSize))
+		}
+	}
+	free := make(chan []byte, 2)
+	for i := 0; i < 2; i++ {
+		var b []byte
+		if t != nil {
+			b = (*scratch)[i]
+		}
+		free <- b
+	}
+	out := make(chan *mapWindow)
+	stop := make(chan struct{})
+	page := int64(os.Getpagesize())
+	size := st.rec.size
+	go func() {
+		defer close(out)
+		for off := int64(0); off < size; off += mapWindowSize {
+			var flip []byte
+			select {
+			case flip = <-free:
+			case <-stop:
+				return
+			}
+			n := min(mapWindowSize, size-off)
+			at := st.rec.offset + off
+			base := at &^ (page - 1)
+			w := &mapWindow{flip: flip, done: free}
+			m, err := syscall.Mmap(int(c.f.Fd()), base, int(at-base+n), syscall.PROT_READ, syscall.MAP_SHARED)
+			if err != nil {
+				w.err = fmt.Errorf("%s: mapping %s: %w", c.Path, st.rec.name, err)
+			} else {
+				w.m, w.data = m, m[at-base:]
+				w.fault = prepareWindow(w, l, chans, off)
+			}
+			select {
+			case out <- w:
+			case <-stop:
+				if w.m != nil {
+					syscall.Munmap(w.m)
+				}
+				return
+			}
+			if w.err != nil || w.fault != nil {
+				return
+			}
+		}
+	}()
+	return out, stop
+}
+
+// prepareWindow populates w's map in one call (where the kernel has
+// MADV_POPULATE_READ; otherwise the pages fault in as they are read), then
+// computes its chunks' CRCs and flips. It returns a fault in the map.
+func prepareWindow(w *mapWindow, l negate.Layout, chans []int, off int64) (fault any) {
+	debug.SetPanicOnFault(true) // per goroutine
+	defer func() { fault = recover() }()
+	const madvPopulateRead = 22
+	syscall.Madvise(w.m, madvPopulateRead)
+	n := int64(len(w.data))
+	nchunks := int((n + mapChunk - 1) / mapChunk)
+	w.sums = make([]uint32, nchunks)
+	w.outSums = make([]uint32, nchunks)
+	w.pieces = make([][][]byte, nchunks)
+	for k := range w.sums {
+		lo, hi := int64(k)*mapChunk, min(int64(k+1)*mapChunk, n)
+		b := w.data[lo:hi]
+		w.sums[k] = crc32.ChecksumIEEE(b)
+		w.outSums[k] = w.sums[k]
+		if pos := off + lo; chans != nil && l.Touches(chans, pos, hi-lo) {
+			w.pieces[k] = l.Segments(w.flip[lo:hi], b, chans, pos, nil)
+			w.outSums[k] ^= l.CRCDelta(chans, pos, hi-lo)
+		}
+	}
+	return nil
 }
 
 // writePieces writes bufs in order: in one vectored write where w takes

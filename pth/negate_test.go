@@ -125,6 +125,19 @@ func TestNegateChannelsSameBytesAsDecoding(t *testing.T) {
 				t.Fatalf("the vectored copy (%d calls) wrote %d bytes that differ from the plain writer's %d", v.calls, v.Len(), a.Len())
 			}
 			vecCalls += v.calls
+			// Records copied in many map windows, a few in flight at once:
+			// the same bytes.
+			func(size int64) {
+				defer func() { mapWindowSize = size }()
+				mapWindowSize = 200
+				var m vecBuffer
+				if _, err := lazy.WriteTo(&m); err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(a.Bytes(), m.Bytes()) {
+					t.Fatalf("the copy in windows of %d bytes wrote %d bytes that differ from the plain writer's %d", mapWindowSize, m.Len(), a.Len())
+				}
+			}(mapWindowSize)
 			// The batched copy (records under mapMin) and the
 			// record-by-record one (compressed records) write the same
 			// bytes as the mapped one, to a plain and a vectored writer.
