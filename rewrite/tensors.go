@@ -33,11 +33,14 @@ func newTensors(w graph.Weights) *tensors {
 	}
 }
 
-// toggle flips index i (not negative) of m[key], growing it as needed.
+// toggle flips index i (not negative) of m[key], growing it as needed,
+// by doubling: the channels of a key come in increasing order.
 func toggle(m map[string][]bool, key string, i int) {
 	b := m[key]
 	if i >= len(b) {
-		b = append(b, make([]bool, i+1-len(b))...)
+		nb := make([]bool, max(i+1, 2*len(b), 64))
+		copy(nb, b)
+		b = nb
 		m[key] = b
 	}
 	b[i] = !b[i]
