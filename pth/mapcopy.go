@@ -14,15 +14,15 @@ import (
 // copyMapped copies a stored record into the archive from a memory map of
 // the input, a window at a time: write(2) then copies page cache to page
 // cache once, where read(2) into a buffer and write(2) out of it copy every
-// byte twice. Everything but the writing runs on the other core, a window
-// ahead (mapWindows): mapping, populating the map, checking the record's
-// CRC (each byte is read once) and flipping the sign bits of t's pending
+// byte twice. Everything but the writing runs on the other core, ahead of
+// it (mapper): mapping, populating the map, checking the record's CRC (each
+// byte is read once) and flipping the sign bits of the record's pending
 // negations into a scratch copy of the chunks they touch. The output's CRC
 // is combined from the same chunk CRCs, changed for the flipped chunks by
 // the flips' own CRC (negate.CRCDelta), without reading the flipped copy.
 // Windows are unmapped as the copy moves on, so resident memory stays at
 // two windows (and their scratch copies) whatever the file's size.
-func (c *Checkpoint) copyMapped(z *zipWriter, name string, st *Storage, t *Tensor) (err error) {
+func (c *Checkpoint) copyMapped(z *zipWriter, name string, st *Storage, mp *mapper) (err error) {
 	e, err := z.begin(name, st.rec.size)
 	if err != nil {
 		return err
@@ -42,15 +42,12 @@ func (c *Checkpoint) copyMapped(z *zipWriter, name string, st *Storage, t *Tenso
 	} else if end := st.rec.offset + st.rec.size; fi.Size() < end {
 		return fmt.Errorf("%s: %s ends at byte %d, past the end of the file (%d bytes): the file is truncated or changed while read", c.Path, st.rec.name, end, fi.Size())
 	}
-	windows, stop := c.mapWindows(st, t, &z.flip)
-	defer func() {
-		close(stop)
-		for w := range windows { // the helper's windows not written
-			syscall.Munmap(w.m)
-		}
-	}()
 	var crcIn, crcOut uint32
-	for w := range windows {
+	for done := int64(0); done < st.rec.size; {
+		w, ok := <-mp.windows
+		if !ok || w.st != st {
+			return fmt.Errorf("%s: copying %s: the map windows are out of step with the records", c.Path, st.rec.name)
+		}
 		if w.err != nil {
 			return w.err
 		}
@@ -73,10 +70,11 @@ func (c *Checkpoint) copyMapped(z *zipWriter, name string, st *Storage, t *Tenso
 			crcIn = crc32Combine(crcIn, w.sums[k], hi-lo)
 			crcOut = crc32Combine(crcOut, w.outSums[k], hi-lo)
 		}
+		done += int64(len(w.data))
 		if uerr := syscall.Munmap(w.m); err == nil && uerr != nil {
 			err = uerr
 		}
-		w.done <- w.flip
+		mp.free <- w.flip
 		if err != nil {
 			return fmt.Errorf("writing %s: %w", name, err)
 		}
@@ -87,17 +85,17 @@ func (c *Checkpoint) copyMapped(z *zipWriter, name string, st *Storage, t *Tenso
 	return z.finish(e, crcOut)
 }
 
-// mapWindow is one window of a record copyMapped copies, made ready by
-// mapWindows: data (in the map m) cut in chunks of mapChunk bytes, each
-// with the CRC of its bytes and of its output (flipped where t negates
+// mapWindow is one window of a record copyMapped copies, made ready by the
+// mapper: data (in the map m) cut in chunks of mapChunk bytes, each with
+// the CRC of its bytes and of its output (flipped where t negates
 // channels, pieces then being the chunk's bytes to write, unflipped ones
 // from the map and flipped ones from flip). The writer unmaps m and hands
-// flip back through done.
+// flip back to the mapper.
 type mapWindow struct {
+	st            *Storage
 	m, data, flip []byte
 	sums, outSums []uint32
 	pieces        [][][]byte
-	done          chan<- []byte
 	fault         any // a fault in the map while reading it
 	err           error
 }
@@ -106,66 +104,88 @@ type mapWindow struct {
 // copy their small fixtures' records in several).
 var mapWindowSize int64 = 4 << 20
 
-// mapWindows makes st's record's windows ready in order on a goroutine of
-// its own, at most two at a time (the one written and the next), until
-// stop is closed. The scratch copies for flips are kept in *scratch for
-// the next record.
-func (c *Checkpoint) mapWindows(st *Storage, t *Tensor, scratch *[][]byte) (<-chan *mapWindow, chan struct{}) {
-	var l negate.Layout
-	var chans []int
-	if t != nil {
-		l, _ = layoutOf(t)
-		chans = t.negate
-		for len(*scratch) < 2 {
-			*scratch = append(*scratch, make([]byte, mapWindowSize))
-		}
-	}
-	free := make(chan []byte, 2)
-	for i := 0; i < 2; i++ {
-		var b []byte
-		if t != nil {
-			b = (*scratch)[i]
-		}
-		free <- b
-	}
+// mappedRecord is a record copyMapped copies, with the tensor whose
+// negations it applies (nil: none).
+type mappedRecord struct {
+	st *Storage
+	t  *Tensor
+}
+
+// mapper makes the windows of every record copyMapped copies ready, in the
+// order they are written, on a goroutine of its own: at most two at a
+// time, the one written and the next, which may be the next record's, so
+// that the writer never waits for a record's first window.
+type mapper struct {
+	windows <-chan *mapWindow
+	free    chan []byte // scratch copies for flips, made on first need
+	stop    chan struct{}
+}
+
+func (c *Checkpoint) startMapper(recs []mappedRecord) *mapper {
+	const inFlight = 2
 	out := make(chan *mapWindow)
-	stop := make(chan struct{})
+	mp := &mapper{windows: out, free: make(chan []byte, inFlight), stop: make(chan struct{})}
+	for i := 0; i < inFlight; i++ {
+		mp.free <- nil
+	}
 	page := int64(os.Getpagesize())
-	size := st.rec.size
 	go func() {
 		defer close(out)
-		for off := int64(0); off < size; off += mapWindowSize {
-			var flip []byte
-			select {
-			case flip = <-free:
-			case <-stop:
-				return
+		for _, r := range recs {
+			var l negate.Layout
+			var chans []int
+			if r.t != nil {
+				l, _ = layoutOf(r.t)
+				chans = r.t.negate
 			}
-			n := min(mapWindowSize, size-off)
-			at := st.rec.offset + off
-			base := at &^ (page - 1)
-			w := &mapWindow{flip: flip, done: free}
-			m, err := syscall.Mmap(int(c.f.Fd()), base, int(at-base+n), syscall.PROT_READ, syscall.MAP_SHARED)
-			if err != nil {
-				w.err = fmt.Errorf("%s: mapping %s: %w", c.Path, st.rec.name, err)
-			} else {
-				w.m, w.data = m, m[at-base:]
-				w.fault = prepareWindow(w, l, chans, off)
-			}
-			select {
-			case out <- w:
-			case <-stop:
-				if w.m != nil {
-					syscall.Munmap(w.m)
+			size := r.st.rec.size
+			for off := int64(0); off < size; off += mapWindowSize {
+				var flip []byte
+				select {
+				case flip = <-mp.free:
+				case <-mp.stop:
+					return
 				}
-				return
-			}
-			if w.err != nil || w.fault != nil {
-				return
+				if flip == nil && chans != nil {
+					flip = make([]byte, mapWindowSize)
+				}
+				n := min(mapWindowSize, size-off)
+				at := r.st.rec.offset + off
+				base := at &^ (page - 1)
+				w := &mapWindow{st: r.st, flip: flip}
+				m, err := syscall.Mmap(int(c.f.Fd()), base, int(at-base+n), syscall.PROT_READ, syscall.MAP_SHARED)
+				if err != nil {
+					w.err = fmt.Errorf("%s: mapping %s: %w", c.Path, r.st.rec.name, err)
+				} else {
+					w.m, w.data = m, m[at-base:]
+					w.fault = prepareWindow(w, l, chans, off)
+				}
+				select {
+				case out <- w:
+				case <-mp.stop:
+					if w.m != nil {
+						syscall.Munmap(w.m)
+					}
+					return
+				}
+				if w.err != nil || w.fault != nil {
+					return
+				}
 			}
 		}
 	}()
-	return out, stop
+	return mp
+}
+
+// close stops the mapper and unmaps the windows it made that were not
+// written.
+func (mp *mapper) close() {
+	close(mp.stop)
+	for w := range mp.windows {
+		if w.m != nil {
+			syscall.Munmap(w.m)
+		}
+	}
 }
 
 // prepareWindow populates w's map in one call (where the kernel has

@@ -205,7 +205,20 @@ func (c *Checkpoint) writeTo(w io.Writer, force64 bool) (int64, error) {
 	if err := add("archive/byteorder", []byte("little")); err != nil {
 		return z.off, err
 	}
-	// Runs of small stored records are copied together (copyBatch).
+	// Records copied from a map have their windows made ready ahead of the
+	// writing, across records (mapper); runs of small stored records are
+	// copied together (copyBatch).
+	var mapped []mappedRecord
+	for _, s := range plan.storages {
+		if s.data == nil && s.stream == nil && c.mappable(s.src) {
+			mapped = append(mapped, mappedRecord{s.src, s.negated})
+		}
+	}
+	var mp *mapper
+	if len(mapped) > 0 {
+		mp = c.startMapper(mapped)
+		defer mp.close()
+	}
 	var batch []batchRecord
 	var bufs [][]byte
 	flush := func() error {
@@ -242,7 +255,7 @@ func (c *Checkpoint) writeTo(w io.Writer, force64 bool) (int64, error) {
 			continue
 		}
 		if c.mappable(s.src) {
-			if err := c.copyMapped(z, name, s.src, s.negated); err != nil {
+			if err := c.copyMapped(z, name, s.src, mp); err != nil {
 				return z.off, err
 			}
 			continue

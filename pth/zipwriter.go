@@ -21,7 +21,6 @@ type zipWriter struct {
 	// use it to exercise those paths without writing 4 GiB.
 	force64 bool
 	buf     []byte
-	flip    [][]byte // copyMapped's scratch copies of flipped windows
 	// queue, when non-nil, holds what write was given since the last
 	// flush, counted into off as if written (copyBatch).
 	queue [][]byte
