@@ -10,78 +10,104 @@ import (
 // them (BN vectors, thin convolutions), holding most of its bytes, and
 // copying them one by one costs several system calls and a CRC pass each
 // on the critical path. So they are read in groups of up to batchBuf
-// bytes, neighbours in the file in one pread, by a goroutine that also
-// checks each input record's CRC and applies its negations in place, a
-// group ahead of this goroutine, which writes each group's headers, data
-// and descriptors in one vectored write. An input record's output CRC
-// comes from its recorded one (a flip's change is negate.CRCDelta): the
-// output is what writing record by record writes. bufs are the group
-// buffers, made on first use and kept for the next run.
-func (c *Checkpoint) copyBatch(z *zipWriter, recs []batchRecord, bufs *[][]byte) error {
-	groups := splitBatch(recs, batchBuf)
-	type filled struct {
-		recs []batchRecord
-		data [][]byte // each record's bytes, flipped
-		crcs []uint32 // each record's output CRC
-		buf  []byte
-		err  error
-	}
-	const buffers = 2
-	if *bufs == nil {
-		for i := 0; i < buffers; i++ {
-			*bufs = append(*bufs, make([]byte, batchBuf))
-		}
-	}
-	free := make(chan []byte, buffers)
-	for _, b := range *bufs {
-		free <- b
-	}
-	full := make(chan filled, buffers)
-	stop := make(chan struct{})
-	go func() {
-		defer close(full)
-		for _, g := range groups {
-			var buf []byte
-			select {
-			case buf = <-free:
-			case <-stop:
-				return
-			}
-			f := filled{recs: g, buf: buf}
-			f.data, f.crcs, f.err = c.readBatch(g, buf)
-			full <- f
-			if f.err != nil {
-				return
-			}
-		}
-	}()
-	defer func() {
-		close(stop)
-		for range full { // let the reader finish before its buffers go
-		}
-	}()
+// bytes, neighbours in the file in one pread, by the batcher, which also
+// checks each input record's CRC and applies its negations in place ahead
+// of this goroutine, which writes each group's headers, data and
+// descriptors in one vectored write. An input record's output CRC comes
+// from its recorded one (a flip's change is negate.CRCDelta): the output
+// is what writing record by record writes.
+func (c *Checkpoint) copyBatch(z *zipWriter, run []batchRecord, bt *batcher) error {
 	z.queue = make([][]byte, 0, 64)
 	defer func() { z.queue = nil }()
-	for f := range full {
-		if f.err != nil {
-			return f.err
+	for n := 0; n < len(run); {
+		g, ok := <-bt.full
+		if !ok || &g.recs[0] != &run[n] {
+			return fmt.Errorf("%s: copying %s: the batch groups are out of step with the records", c.Path, run[n].name)
 		}
-		for i, r := range f.recs {
-			e, err := z.begin(r.name, int64(len(f.data[i])))
+		if g.err != nil {
+			return g.err
+		}
+		for i, r := range g.recs {
+			e, err := z.begin(r.name, int64(len(g.data[i])))
 			if err != nil {
 				return err
 			}
-			z.write(f.data[i])
-			if err := z.finish(e, f.crcs[i]); err != nil {
+			z.write(g.data[i])
+			if err := z.finish(e, g.crcs[i]); err != nil {
 				return err
 			}
 		}
 		if err := z.flush(); err != nil {
-			return fmt.Errorf("writing %s to %s: %w", f.recs[0].name, f.recs[len(f.recs)-1].name, err)
+			return fmt.Errorf("writing %s to %s: %w", g.recs[0].name, g.recs[len(g.recs)-1].name, err)
 		}
-		free <- f.buf
+		n += len(g.recs)
+		bt.free <- g.buf
 	}
 	return nil
+}
+
+// batcher reads the groups of every copyBatch run, in writing order, on a
+// goroutine of its own: at most two at a time, the one written and the
+// next, which may be the next run's, so that the writer seldom waits.
+type batcher struct {
+	full chan batchGroup
+	free chan []byte // group buffers, made on first need
+	stop chan struct{}
+}
+
+// batchGroup is a group of a run read by the batcher: each record's bytes
+// (flipped; in buf for input records) and output CRC.
+type batchGroup struct {
+	recs []batchRecord
+	data [][]byte
+	crcs []uint32
+	buf  []byte
+	err  error
+}
+
+func (c *Checkpoint) startBatcher(runs [][]batchRecord) *batcher {
+	const inFlight = 2
+	// full never blocks: there are only inFlight buffers.
+	bt := &batcher{full: make(chan batchGroup, inFlight), free: make(chan []byte, inFlight), stop: make(chan struct{})}
+	for i := 0; i < inFlight; i++ {
+		bt.free <- nil
+	}
+	go func() {
+		defer close(bt.full)
+		for _, run := range runs {
+			for _, g := range splitBatch(run, batchBuf) {
+				var buf []byte
+				select {
+				case <-bt.stop: // first: a buffer may be free too
+					return
+				default:
+				}
+				select {
+				case buf = <-bt.free:
+				case <-bt.stop:
+					return
+				}
+				if buf == nil {
+					buf = make([]byte, batchBuf)
+				}
+				f := batchGroup{recs: g, buf: buf}
+				f.data, f.crcs, f.err = c.readBatch(g, buf)
+				bt.full <- f
+				if f.err != nil {
+					return
+				}
+			}
+		}
+	}()
+	return bt
+}
+
+// close stops the batcher and waits for it, so that no read is left
+// running once the copy returns.
+func (bt *batcher) close() {
+	close(bt.stop)
+	for range bt.full {
+	}
 }
 
 // batchRecord is one record of a copyBatch run, written as name: data, or

@@ -142,6 +142,11 @@ func (c *Checkpoint) startMapper(recs []mappedRecord) *mapper {
 			for off := int64(0); off < size; off += mapWindowSize {
 				var flip []byte
 				select {
+				case <-mp.stop: // first: a scratch copy may be free too
+					return
+				default:
+				}
+				select {
 				case flip = <-mp.free:
 				case <-mp.stop:
 					return
