@@ -97,18 +97,18 @@ type hit struct {
 // Negating that channel is only invisible if every reader is a BN site,
 // which takes the sign back through its gamma and running mean; it returns
 // those sites' channels (valid until the next call), or why the fold is
-// impossible.
-func foldReach(st *State, r *reaches, p *graph.Node, pc int) ([]hit, string) {
+// impossible (see foldBlocker).
+func foldReach(st *State, r *reaches, p *graph.Node, pc int) ([]hit, func() string) {
 	info := r.of(p.Out)
 	if info.why != nil {
-		return nil, info.why(pc)
+		return nil, func() string { return info.why(pc) }
 	}
 	hits := r.scratch[:0]
 	for _, h := range info.hits {
 		hits = append(hits, hit{h.s, pc + h.off})
 	}
 	r.scratch = hits
-	return hits, ""
+	return hits, nil
 }
 
 // reaches memoizes, per value, where its channels go: the sites that read
@@ -219,11 +219,14 @@ func (r *reaches) walk(v *graph.Value) *reach {
 // foldBlocker is fold-signs' precondition for one producer channel: the
 // producer must own its weights, every reader must be a site, and every
 // in-place reader must have a negative (or zero) gamma there, because after
-// the fold it sees |gamma| and nothing else.
-func foldBlocker(st *State, r *reaches, p *graph.Node, pc int, keyUsers map[string]int) ([]hit, string) {
+// the fold it sees |gamma| and nothing else. Why a fold is blocked is
+// returned as a function that says it: the report keeps only the first
+// reason per site, and a DenseNet's thousands of negative channels are
+// mostly blocked, so formatting each was a large part of the pass.
+func foldBlocker(st *State, r *reaches, p *graph.Node, pc int, keyUsers map[string]int) ([]hit, func() string) {
 	wkey := p.Params[graph.RoleWeight]
 	if wkey == "" {
-		return nil, fmt.Sprintf("%s %s has no weight parameter", p.Op, p.Name)
+		return nil, func() string { return fmt.Sprintf("%s %s has no weight parameter", p.Op, p.Name) }
 	}
 	for _, role := range []string{graph.RoleWeight, graph.RoleBias} {
 		key := p.Params[role]
@@ -232,14 +235,16 @@ func foldBlocker(st *State, r *reaches, p *graph.Node, pc int, keyUsers map[stri
 		}
 		shape, ok := st.w.Shape(key)
 		if !ok || len(shape) == 0 || pc >= shape[0] {
-			return nil, fmt.Sprintf("%s %s: parameter %q has no output channel %d", p.Op, p.Name, key, pc)
+			return nil, func() string {
+				return fmt.Sprintf("%s %s: parameter %q has no output channel %d", p.Op, p.Name, key, pc)
+			}
 		}
 		if keyUsers[key] > 1 {
-			return nil, fmt.Sprintf("%s %s shares parameter %q with another node", p.Op, p.Name, key)
+			return nil, func() string { return fmt.Sprintf("%s %s shares parameter %q with another node", p.Op, p.Name, key) }
 		}
 	}
 	hits, why := foldReach(st, r, p, pc)
-	if why != "" {
+	if why != nil {
 		return nil, why
 	}
 	for _, h := range hits {
@@ -247,13 +252,17 @@ func foldBlocker(st *State, r *reaches, p *graph.Node, pc int, keyUsers map[stri
 		if err != nil || h.c >= len(gamma) {
 			// The graph's channel counts disagree with the parameters:
 			// leave the channel alone rather than negate the wrong one.
-			return nil, fmt.Sprintf("channel %d of %s maps to channel %d of %s, which it does not have", pc, p.Name, h.c, h.s.bn.Name)
+			return nil, func() string {
+				return fmt.Sprintf("channel %d of %s maps to channel %d of %s, which it does not have", pc, p.Name, h.c, h.s.bn.Name)
+			}
 		}
-		if h.s.inPlace() && gamma[h.c] > 0 {
-			return nil, fmt.Sprintf("channel %d of %s also feeds channel %d of %s, whose gamma %.4g is positive", pc, p.Name, h.c, h.s.bn.Name, gamma[h.c])
+		if g := gamma[h.c]; h.s.inPlace() && g > 0 {
+			return nil, func() string {
+				return fmt.Sprintf("channel %d of %s also feeds channel %d of %s, whose gamma %.4g is positive", pc, p.Name, h.c, h.s.bn.Name, g)
+			}
 		}
 	}
-	return hits, ""
+	return hits, nil
 }
 
 // foldSigns makes negative gammas of in-place sites positive by negating the
@@ -271,7 +280,7 @@ func foldSigns(st *State) error {
 		p  *graph.Node
 		pc int
 	}
-	blocked := map[src]string{}
+	blocked := map[src]func() string{}
 	reach := newReaches(st)
 	for _, s := range st.sites {
 		if !s.inPlace() {
@@ -288,17 +297,17 @@ func foldSigns(st *State) error {
 			}
 			p, pc, why := traceSource(s.bn.Inputs[0], c)
 			if p == nil {
-				s.block(c, why)
+				s.block(c, func() string { return why })
 				continue
 			}
 			if why, done := blocked[src{p, pc}]; done {
 				s.block(c, why)
 				continue
 			}
-			hits, why := foldBlocker(st, reach, p, pc, keyUsers)
-			if why != "" {
-				blocked[src{p, pc}] = why
-				s.block(c, why)
+			hits, blocker := foldBlocker(st, reach, p, pc, keyUsers)
+			if blocker != nil {
+				blocked[src{p, pc}] = blocker
+				s.block(c, blocker)
 				continue
 			}
 			if err := fold(st, p, pc, hits); err != nil {
@@ -333,9 +342,9 @@ func fold(st *State, p *graph.Node, pc int, hits []hit) error {
 }
 
 // block remembers why channel c could not be folded, for the report.
-func (s *site) block(c int, why string) {
+func (s *site) block(c int, why func() string) {
 	if s.note == "" {
-		s.note = fmt.Sprintf("channel %d not folded: %s", c, why)
+		s.note = fmt.Sprintf("channel %d not folded: %s", c, why())
 	}
 }
 
