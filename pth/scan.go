@@ -100,6 +100,52 @@ var opTable = func() (t [256]struct {
 	return t
 }()
 
+// memoTable is the scanner's memo. Picklers number entries 0, 1, 2, ...,
+// so those live in a slice, which grows by one PUT at a time; any other
+// index (a hand-made pickle's) goes to a map.
+type memoTable struct {
+	dense  []memoEntry
+	sparse map[int]sval
+	n      int // distinct indices stored (MEMOIZE's next index)
+}
+
+type memoEntry struct {
+	v  sval
+	ok bool
+}
+
+func (m *memoTable) get(i int) (sval, bool) {
+	if i >= 0 && i < len(m.dense) {
+		return m.dense[i].v, m.dense[i].ok
+	}
+	v, ok := m.sparse[i]
+	return v, ok
+}
+
+func (m *memoTable) put(i int, v sval) {
+	if _, ok := m.get(i); !ok {
+		m.n++
+	}
+	switch {
+	case i >= 0 && i < len(m.dense):
+		m.dense[i] = memoEntry{v, true}
+	case i == len(m.dense) && !m.inSparse(i):
+		// (dense never grows past an index the map holds, so that each
+		// index lives in one place)
+		m.dense = append(m.dense, memoEntry{v, true})
+	default:
+		if m.sparse == nil {
+			m.sparse = map[int]sval{}
+		}
+		m.sparse[i] = v
+	}
+}
+
+func (m *memoTable) inSparse(i int) bool {
+	_, ok := m.sparse[i]
+	return ok
+}
+
 // Bounds on what the scanner accepts; real checkpoints are far below them.
 const (
 	// maxLong bounds LONG4 integers (in bytes) and maxDigits text integers
@@ -209,7 +255,7 @@ func scanPickle(r *bufio.Reader, limit int64) (res scanned, err error) {
 	var (
 		stack     []sval
 		marks     [][]sval
-		memo      = map[int]sval{}
+		memo      memoTable
 		nextID    = 0
 		keys      = map[int]map[string]bool{}
 		frameEnd  = int64(0)
@@ -316,7 +362,7 @@ func scanPickle(r *bufio.Reader, limit int64) (res scanned, err error) {
 		return i, nil
 	}
 	get := func(i int) error {
-		v, ok := memo[i]
+		v, ok := memo.get(i)
 		if !ok {
 			return malformed("memo entry %d was never stored", i)
 		}
@@ -328,7 +374,7 @@ func scanPickle(r *bufio.Reader, limit int64) (res scanned, err error) {
 		if err != nil {
 			return err
 		}
-		memo[i] = v
+		memo.put(i, v)
 		return nil
 	}
 
@@ -554,7 +600,7 @@ func scanPickle(r *bufio.Reader, limit int64) (res scanned, err error) {
 		case opLongBinPut:
 			err = put(int(le.Uint32(arg)))
 		case opMemoize:
-			err = put(len(memo))
+			err = put(memo.n)
 		case opSetItem:
 			var k, v, d sval
 			if v, err = pop("SETITEM"); err == nil {
