@@ -2,16 +2,20 @@ package rewrite
 
 import (
 	"fmt"
+	"math"
 	"sort"
 
 	"github.com/abnconvert/abnconvert/graph"
 )
 
-// tensors is a per-pass cache over the weight store for the small per-channel
+// tensors is a cache over the weight store for the small per-channel
 // vectors of BN sites, plus a queue of whole-channel negations for producer
 // weights, which can be large: those are applied one tensor at a time when
 // the pass ends, so that at most one convolution's weights are held in
-// memory. It also keeps the report's bookkeeping of what changed.
+// memory. It also keeps the report's bookkeeping of what changed. Each pass
+// ends with flush, after which the store holds what the cache holds: the
+// vectors stay cached for the next pass, rather than being read and
+// decoded again by every pass.
 type tensors struct {
 	w    graph.Weights
 	cur  map[string][]float64
@@ -87,8 +91,8 @@ func (t *tensors) negateSlice(key string, i int) error {
 
 func (t *tensors) flipped(key string, i int) { toggle(t.flips, key, i) }
 
-// flush writes every changed vector and applies the queued negations, then
-// empties the cache.
+// flush writes every changed vector and applies the queued negations. What
+// stays cached is what the store holds.
 func (t *tensors) flush() error {
 	keys := make([]string, 0, len(t.cur))
 	for k := range t.cur {
@@ -97,11 +101,18 @@ func (t *tensors) flush() error {
 	sort.Strings(keys)
 	for _, k := range keys {
 		if !differ(t.cur[k], t.orig[k]) {
+			if !sameBits(t.cur[k], t.orig[k]) {
+				// A -0 (a negated zero) the store does not hold: read
+				// the vector again rather than keep it.
+				delete(t.cur, k)
+				delete(t.orig, k)
+			}
 			continue
 		}
 		if err := t.w.SetValues(k, t.cur[k]); err != nil {
 			return fmt.Errorf("writing %q: %w", k, err)
 		}
+		t.orig[k] = append(t.orig[k][:0], t.cur[k]...)
 		t.changed[k] = true
 	}
 	keys = keys[:0]
@@ -113,11 +124,21 @@ func (t *tensors) flush() error {
 		if err := t.applyNegation(k, t.negate[k]); err != nil {
 			return err
 		}
+		delete(t.cur, k) // (a producer's weights are not cached: no-op)
+		delete(t.orig, k)
 	}
-	t.cur = map[string][]float64{}
-	t.orig = map[string][]float64{}
 	t.negate = map[string][]bool{}
 	return nil
+}
+
+// sameBits reports whether a and b hold the same float64 bits.
+func sameBits(a, b []float64) bool {
+	for i := range a {
+		if math.Float64bits(a[i]) != math.Float64bits(b[i]) {
+			return false
+		}
+	}
+	return true
 }
 
 func (t *tensors) applyNegation(key string, idx []bool) error {
