@@ -17,9 +17,8 @@ import (
 // vectors stay cached for the next pass, rather than being read and
 // decoded again by every pass.
 type tensors struct {
-	w    graph.Weights
-	cur  map[string][]float64
-	orig map[string][]float64
+	w     graph.Weights
+	cache map[string]*cached
 	// negate marks, per key, the dim-0 indices to negate at flush; flips
 	// says, per key and dim-0 index, whether the sign was flipped an odd
 	// number of times (those are reported). Both are indexed by channel
@@ -32,7 +31,7 @@ type tensors struct {
 
 func newTensors(w graph.Weights) *tensors {
 	return &tensors{
-		w: w, cur: map[string][]float64{}, orig: map[string][]float64{},
+		w: w, cache: map[string]*cached{},
 		negate: map[string][]bool{}, flips: map[string][]bool{}, changed: map[string]bool{},
 	}
 }
@@ -50,17 +49,25 @@ func toggle(m map[string][]bool, key string, i int) {
 	b[i] = !b[i]
 }
 
+// cached is a vector of the cache: cur is what the pass sees and may
+// change, orig what the store holds; touched says that this pass was
+// handed cur, so that flush compares only those.
+type cached struct {
+	cur, orig []float64
+	touched   bool
+}
+
 // vec returns the cached, mutable values of a per-channel vector.
 func (t *tensors) vec(key string) ([]float64, error) {
-	if v, ok := t.cur[key]; ok {
-		return v, nil
+	if c, ok := t.cache[key]; ok {
+		c.touched = true
+		return c.cur, nil
 	}
 	v, err := t.w.Values(key)
 	if err != nil {
 		return nil, fmt.Errorf("reading %q: %w", key, err)
 	}
-	t.cur[key] = v
-	t.orig[key] = append([]float64(nil), v...)
+	t.cache[key] = &cached{cur: v, orig: append([]float64(nil), v...), touched: true}
 	return v, nil
 }
 
@@ -94,25 +101,28 @@ func (t *tensors) flipped(key string, i int) { toggle(t.flips, key, i) }
 // flush writes every changed vector and applies the queued negations. What
 // stays cached is what the store holds.
 func (t *tensors) flush() error {
-	keys := make([]string, 0, len(t.cur))
-	for k := range t.cur {
-		keys = append(keys, k)
+	var keys []string
+	for k, c := range t.cache {
+		if c.touched {
+			keys = append(keys, k)
+		}
 	}
 	sort.Strings(keys)
 	for _, k := range keys {
-		if !differ(t.cur[k], t.orig[k]) {
-			if !sameBits(t.cur[k], t.orig[k]) {
+		c := t.cache[k]
+		c.touched = false
+		if !differ(c.cur, c.orig) {
+			if !sameBits(c.cur, c.orig) {
 				// A -0 (a negated zero) the store does not hold: read
 				// the vector again rather than keep it.
-				delete(t.cur, k)
-				delete(t.orig, k)
+				delete(t.cache, k)
 			}
 			continue
 		}
-		if err := t.w.SetValues(k, t.cur[k]); err != nil {
+		if err := t.w.SetValues(k, c.cur); err != nil {
 			return fmt.Errorf("writing %q: %w", k, err)
 		}
-		t.orig[k] = append(t.orig[k][:0], t.cur[k]...)
+		c.orig = append(c.orig[:0], c.cur...)
 		t.changed[k] = true
 	}
 	keys = keys[:0]
@@ -124,8 +134,7 @@ func (t *tensors) flush() error {
 		if err := t.applyNegation(k, t.negate[k]); err != nil {
 			return err
 		}
-		delete(t.cur, k) // (a producer's weights are not cached: no-op)
-		delete(t.orig, k)
+		delete(t.cache, k) // (a producer's weights are not cached: no-op)
 	}
 	t.negate = map[string][]bool{}
 	return nil
