@@ -211,7 +211,7 @@ type scanned struct {
 // underflows, and integers larger than maxLong bytes; everything it refuses
 // Python's unpickler refuses too, except the last.
 func scanPickle(r *bufio.Reader, limit int64) (res scanned, err error) {
-	var buf []byte
+	buf := make([]byte, 0, min(max(limit, 0), readChunk))
 	seen := map[string]bool{}
 	addGlobal := func(name string) {
 		if !seen[name] {
@@ -224,6 +224,14 @@ func scanPickle(r *bufio.Reader, limit int64) (res scanned, err error) {
 			return nil, fmt.Errorf("pickle field of %d bytes at offset %d runs past the end of the data", n, len(buf))
 		}
 		start := len(buf)
+		if n == 1 { // an opcode: most reads
+			b, err := r.ReadByte()
+			if err != nil {
+				return nil, fmt.Errorf("pickle truncated at offset %d: %w", start, err) // io.EOF, as io.ReadFull says
+			}
+			buf = append(buf, b)
+			return buf[start:], nil
+		}
 		// Grow as bytes arrive, so that a length the data cannot back
 		// costs at most one chunk.
 		for left := n; left > 0; {
