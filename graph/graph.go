@@ -391,8 +391,9 @@ func (g *Graph) ParamKeys() []string {
 // fit each op. Passes run it after they finish, and tests run it after every
 // pass, so that a pass that breaks the graph fails where it broke it.
 func (g *Graph) Validate() error {
-	seen := map[*Value]bool{}
-	names := map[string]bool{}
+	// Sized up front: the rewrite validates after every pass.
+	seen := make(map[*Value]bool, len(g.Nodes))
+	names := make(map[string]bool, len(g.Nodes))
 	for i, n := range g.Nodes {
 		if names[n.Name] {
 			return fmt.Errorf("graph: duplicate node name %q", n.Name)

@@ -26,9 +26,21 @@ type memoKey struct {
 	s    string
 }
 
-func newPickler(plan *writePlan) *pickler { return &pickler{memo: map[any]int{}, plan: plan} }
+func newPickler(plan *writePlan) *pickler {
+	// A tensor memoizes a few values (its storage's tuple and key, its
+	// shape's and stride's tuples...): sized for that, the memo does not
+	// rehash as it grows through a checkpoint of thousands of tensors.
+	return &pickler{memo: make(map[any]int, 8*len(plan.tensors)+64), plan: plan}
+}
 
 func (p *pickler) op(b ...byte) { p.buf.Write(b) }
+
+// uint32 writes v little-endian.
+func (p *pickler) uint32(v uint32) {
+	var b [4]byte
+	binary.LittleEndian.PutUint32(b[:], v)
+	p.buf.Write(b[:])
+}
 
 func (p *pickler) put(key any) {
 	i := len(p.memo)
@@ -37,7 +49,7 @@ func (p *pickler) put(key any) {
 		p.op(opBinPut, byte(i))
 	} else {
 		p.op(opLongBinPut)
-		p.buf.Write(binary.LittleEndian.AppendUint32(nil, uint32(i)))
+		p.uint32(uint32(i))
 	}
 }
 
@@ -51,7 +63,7 @@ func (p *pickler) get(key any) bool {
 		p.op(opBinGet, byte(i))
 	} else {
 		p.op(opLongBinGet)
-		p.buf.Write(binary.LittleEndian.AppendUint32(nil, uint32(i)))
+		p.uint32(uint32(i))
 	}
 	return true
 }
@@ -81,7 +93,7 @@ func (p *pickler) str(s string) {
 		return
 	}
 	p.op(opBinUnicode)
-	p.buf.Write(binary.LittleEndian.AppendUint32(nil, uint32(len(s))))
+	p.uint32(uint32(len(s)))
 	p.buf.WriteString(s)
 	p.put(k)
 }
@@ -94,7 +106,7 @@ func (p *pickler) int(n int64) {
 		p.op(opBinInt2, byte(n), byte(n>>8))
 	case n >= math.MinInt32 && n <= math.MaxInt32:
 		p.op(opBinInt)
-		p.buf.Write(binary.LittleEndian.AppendUint32(nil, uint32(int32(n))))
+		p.uint32(uint32(int32(n)))
 	default:
 		p.long(big.NewInt(n))
 	}

@@ -3,6 +3,7 @@ package pth
 import (
 	"fmt"
 	"hash/crc32"
+	"io"
 	"os"
 	"runtime/debug"
 	"syscall"
@@ -13,22 +14,15 @@ import (
 // copyMapped copies a stored record into the archive from a memory map of
 // the input, a window at a time: write(2) then copies page cache to page
 // cache once, where read(2) into a buffer and write(2) out of it copy every
-// byte twice. The record's CRC is checked on the way (each byte is read
-// once: the output's CRC is combined from the same chunk CRCs, changed for
-// the chunks the sign flips of t's pending negations touch by the flips'
-// own CRC, without reading the flipped copy the flips are applied in). The windows are unmapped as the copy moves
-// on, so resident memory stays at one window whatever the file's size.
-func (c *Checkpoint) copyMapped(z *zipWriter, name string, st *Storage, t *Tensor) (err error) {
-	const (
-		window = 8 << 20
-		chunk  = mapChunk
-	)
-	var l negate.Layout
-	var chans []int
-	if t != nil {
-		l, _ = layoutOf(t)
-		chans = t.negate
-	}
+// byte twice. Everything but the writing runs on the other core, ahead of
+// it (mapper): mapping, populating the map, checking the record's CRC (each
+// byte is read once) and flipping the sign bits of the record's pending
+// negations into a scratch copy of the chunks they touch. The output's CRC
+// is combined from the same chunk CRCs, changed for the flipped chunks by
+// the flips' own CRC (negate.CRCDelta), without reading the flipped copy.
+// Windows are unmapped as the copy moves on, so resident memory stays at
+// two windows (and their scratch copies) whatever the file's size.
+func (c *Checkpoint) copyMapped(z *zipWriter, name string, st *Storage, mp *mapper) (err error) {
 	e, err := z.begin(name, st.rec.size)
 	if err != nil {
 		return err
@@ -48,73 +42,39 @@ func (c *Checkpoint) copyMapped(z *zipWriter, name string, st *Storage, t *Tenso
 	} else if end := st.rec.offset + st.rec.size; fi.Size() < end {
 		return fmt.Errorf("%s: %s ends at byte %d, past the end of the file (%d bytes): the file is truncated or changed while read", c.Path, st.rec.name, end, fi.Size())
 	}
-	page := int64(os.Getpagesize())
 	var crcIn, crcOut uint32
-	size := st.rec.size
-	for off := int64(0); off < size; off += window {
-		n := min(window, size-off)
-		at := st.rec.offset + off
-		base := at &^ (page - 1)
-		m, err := syscall.Mmap(int(c.f.Fd()), base, int(at-base+n), syscall.PROT_READ, syscall.MAP_SHARED|syscall.MAP_POPULATE)
-		if err != nil {
-			return fmt.Errorf("%s: mapping %s: %w", c.Path, st.rec.name, err)
+	for done := int64(0); done < st.rec.size; {
+		w, ok := <-mp.windows
+		if !ok || w.st != st {
+			return fmt.Errorf("%s: copying %s: the map windows are out of step with the records", c.Path, st.rec.name)
 		}
-		data := m[at-base:]
-		// The input's CRC is computed on the other core while this one
-		// writes: per chunk, combined in order once both are done.
-		nchunks := int((n + chunk - 1) / chunk)
-		sums := make([]uint32, nchunks)
-		done := make(chan any, 1)
-		go func() {
-			debug.SetPanicOnFault(true) // per goroutine
-			defer func() { done <- recover() }()
-			for k := range sums {
-				sums[k] = crc32.ChecksumIEEE(data[int64(k)*chunk : min(int64(k+1)*chunk, n)])
-			}
-		}()
-		outSums := make([]uint32, nchunks)
-		flipped := make([]bool, nchunks)
-		for k := 0; k < nchunks && err == nil; k++ {
-			b := data[int64(k)*chunk : min(int64(k+1)*chunk, n)]
-			pos := off + int64(k)*chunk
-			out := b
-			if chans != nil && l.Touches(chans, pos, int64(len(b))) {
-				out = z.buf[:len(b)]
-				// The flipped chunk's CRC is the input chunk's changed
-				// by the flip mask's (negate.CRCDelta): no pass over
-				// the output.
-				outSums[k], flipped[k] = l.CRCDelta(chans, pos, int64(len(b))), true
-			}
-			var w int
-			if vw, ok := z.w.(vecWriter); ok && flipped[k] {
-				// The unflipped bytes go from the map, the flipped
-				// ones from the scratch copy, in one writev.
-				z.vec = l.Segments(z.buf[:len(b)], b, chans, pos, z.vec[:0])
-				w, err = vw.WriteVec(z.vec)
+		if w.err != nil {
+			return w.err
+		}
+		if w.fault != nil {
+			syscall.Munmap(w.m)
+			panic(w.fault) // a fault in the map: recovered above as a read error
+		}
+		for k := range w.sums {
+			lo, hi := int64(k)*mapChunk, min(int64(k+1)*mapChunk, int64(len(w.data)))
+			var n int
+			if w.pieces[k] == nil {
+				n, err = z.w.Write(w.data[lo:hi])
 			} else {
-				if flipped[k] {
-					l.CopyApply(out, b, chans, pos)
-				}
-				w, err = z.w.Write(out)
+				n, err = writePieces(z.w, w.pieces[k])
 			}
-			z.off += int64(w)
-		}
-		if r := <-done; r != nil {
-			panic(r) // a fault in the map: recovered above as a read error
-		}
-		for k, sum := range sums {
-			ln := min(int64(k+1)*chunk, n) - int64(k)*chunk
-			crcIn = crc32Combine(crcIn, sum, ln)
-			if flipped[k] {
-				outSums[k] ^= sum
-			} else {
-				outSums[k] = sum
+			z.off += int64(n)
+			if err != nil {
+				break
 			}
-			crcOut = crc32Combine(crcOut, outSums[k], ln)
+			crcIn = crc32Combine(crcIn, w.sums[k], hi-lo)
+			crcOut = crc32Combine(crcOut, w.outSums[k], hi-lo)
 		}
-		if uerr := syscall.Munmap(m); err == nil && uerr != nil {
+		done += int64(len(w.data))
+		if uerr := syscall.Munmap(w.m); err == nil && uerr != nil {
 			err = uerr
 		}
+		mp.free <- w.flip
 		if err != nil {
 			return fmt.Errorf("writing %s: %w", name, err)
 		}
@@ -123,6 +83,157 @@ func (c *Checkpoint) copyMapped(z *zipWriter, name string, st *Storage, t *Tenso
 		return fmt.Errorf("%s: record %s is corrupt: CRC-32 %08x, the archive records %08x", c.Path, st.rec.name, crcIn, st.rec.crc)
 	}
 	return z.finish(e, crcOut)
+}
+
+// mapWindow is one window of a record copyMapped copies, made ready by the
+// mapper: data (in the map m) cut in chunks of mapChunk bytes, each with
+// the CRC of its bytes and of its output (flipped where t negates
+// channels, pieces then being the chunk's bytes to write, unflipped ones
+// from the map and flipped ones from flip). The writer unmaps m and hands
+// flip back to the mapper.
+type mapWindow struct {
+	st            *Storage
+	m, data, flip []byte
+	sums, outSums []uint32
+	pieces        [][][]byte
+	fault         any // a fault in the map while reading it
+	err           error
+}
+
+// mapWindowSize is the size of copyMapped's windows (the tests lower it to
+// copy their small fixtures' records in several).
+var mapWindowSize int64 = 4 << 20
+
+// mappedRecord is a record copyMapped copies, with the tensor whose
+// negations it applies (nil: none).
+type mappedRecord struct {
+	st *Storage
+	t  *Tensor
+}
+
+// mapper makes the windows of every record copyMapped copies ready, in the
+// order they are written, on a goroutine of its own: at most two at a
+// time, the one written and the next, which may be the next record's, so
+// that the writer never waits for a record's first window.
+type mapper struct {
+	windows <-chan *mapWindow
+	free    chan []byte // scratch copies for flips, made on first need
+	stop    chan struct{}
+}
+
+func (c *Checkpoint) startMapper(recs []mappedRecord) *mapper {
+	const inFlight = 2
+	out := make(chan *mapWindow)
+	mp := &mapper{windows: out, free: make(chan []byte, inFlight), stop: make(chan struct{})}
+	for i := 0; i < inFlight; i++ {
+		mp.free <- nil
+	}
+	page := int64(os.Getpagesize())
+	go func() {
+		defer close(out)
+		for _, r := range recs {
+			var l negate.Layout
+			var chans []int
+			if r.t != nil {
+				l, _ = layoutOf(r.t)
+				chans = r.t.negate
+			}
+			size := r.st.rec.size
+			for off := int64(0); off < size; off += mapWindowSize {
+				var flip []byte
+				select {
+				case <-mp.stop: // first: a scratch copy may be free too
+					return
+				default:
+				}
+				select {
+				case flip = <-mp.free:
+				case <-mp.stop:
+					return
+				}
+				if flip == nil && chans != nil {
+					flip = make([]byte, mapWindowSize)
+				}
+				n := min(mapWindowSize, size-off)
+				at := r.st.rec.offset + off
+				base := at &^ (page - 1)
+				w := &mapWindow{st: r.st, flip: flip}
+				m, err := syscall.Mmap(int(c.f.Fd()), base, int(at-base+n), syscall.PROT_READ, syscall.MAP_SHARED)
+				if err != nil {
+					w.err = fmt.Errorf("%s: mapping %s: %w", c.Path, r.st.rec.name, err)
+				} else {
+					w.m, w.data = m, m[at-base:]
+					w.fault = prepareWindow(w, l, chans, off)
+				}
+				select {
+				case out <- w:
+				case <-mp.stop:
+					if w.m != nil {
+						syscall.Munmap(w.m)
+					}
+					return
+				}
+				if w.err != nil || w.fault != nil {
+					return
+				}
+			}
+		}
+	}()
+	return mp
+}
+
+// close stops the mapper and unmaps the windows it made that were not
+// written.
+func (mp *mapper) close() {
+	close(mp.stop)
+	for w := range mp.windows {
+		if w.m != nil {
+			syscall.Munmap(w.m)
+		}
+	}
+}
+
+// prepareWindow populates w's map in one call (where the kernel has
+// MADV_POPULATE_READ; otherwise the pages fault in as they are read), then
+// computes its chunks' CRCs and flips. It returns a fault in the map.
+func prepareWindow(w *mapWindow, l negate.Layout, chans []int, off int64) (fault any) {
+	debug.SetPanicOnFault(true) // per goroutine
+	defer func() { fault = recover() }()
+	const madvPopulateRead = 22
+	syscall.Madvise(w.m, madvPopulateRead)
+	n := int64(len(w.data))
+	nchunks := int((n + mapChunk - 1) / mapChunk)
+	w.sums = make([]uint32, nchunks)
+	w.outSums = make([]uint32, nchunks)
+	w.pieces = make([][][]byte, nchunks)
+	for k := range w.sums {
+		lo, hi := int64(k)*mapChunk, min(int64(k+1)*mapChunk, n)
+		b := w.data[lo:hi]
+		w.sums[k] = crc32.ChecksumIEEE(b)
+		w.outSums[k] = w.sums[k]
+		if pos := off + lo; chans != nil && l.Touches(chans, pos, hi-lo) {
+			w.pieces[k] = l.Segments(w.flip[lo:hi], b, chans, pos, nil)
+			w.outSums[k] ^= l.CRCDelta(chans, pos, hi-lo)
+		}
+	}
+	return nil
+}
+
+// writePieces writes bufs in order: in one vectored write where w takes
+// one (the unflipped bytes straight from the map), else one by one.
+func writePieces(w io.Writer, bufs [][]byte) (int, error) {
+	if vw, ok := w.(vecWriter); ok {
+		return vw.WriteVec(bufs)
+	}
+	total := 0
+	for _, b := range bufs {
+		n, err := w.Write(b)
+		total += n
+		if err != nil {
+			return total, err
+		}
+	}
+	return total, nil
 }
 
 // vecWriter is a writer that takes several buffers in one call

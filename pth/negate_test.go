@@ -125,16 +125,44 @@ func TestNegateChannelsSameBytesAsDecoding(t *testing.T) {
 				t.Fatalf("the vectored copy (%d calls) wrote %d bytes that differ from the plain writer's %d", v.calls, v.Len(), a.Len())
 			}
 			vecCalls += v.calls
-			// The buffered copy (compressed records, or no map) writes the
-			// same bytes as the mapped one.
+			// Records copied in many map windows, a few in flight at once:
+			// the same bytes.
+			func(size int64) {
+				defer func() { mapWindowSize = size }()
+				mapWindowSize = 200
+				var m vecBuffer
+				if _, err := lazy.WriteTo(&m); err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(a.Bytes(), m.Bytes()) {
+					t.Fatalf("the copy in windows of %d bytes wrote %d bytes that differ from the plain writer's %d", mapWindowSize, m.Len(), a.Len())
+				}
+			}(mapWindowSize)
+			// The batched copy (records under mapMin) and the
+			// record-by-record one (compressed records) write the same
+			// bytes as the mapped one, to a plain and a vectored writer.
 			mapCopy = false
-			defer func() { mapCopy = true }()
-			var u bytes.Buffer
-			if _, err := lazy.WriteTo(&u); err != nil {
-				t.Fatal(err)
-			}
-			if !bytes.Equal(a.Bytes(), u.Bytes()) {
-				t.Fatalf("the buffered copy wrote %d bytes that differ from the mapped copy's %d", u.Len(), a.Len())
+			defer func(buf int64) { mapCopy, batchCopy, batchBuf = true, true, buf }(batchBuf)
+			for _, mode := range []struct {
+				batched bool
+				buf     int64 // group size: 1 KiB splits the runs into many groups
+			}{{true, batchBuf}, {true, 1 << 10}, {false, batchBuf}} {
+				batched := mode.batched
+				batchCopy, batchBuf = mode.batched, mode.buf
+				var u bytes.Buffer
+				if _, err := lazy.WriteTo(&u); err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(a.Bytes(), u.Bytes()) {
+					t.Fatalf("the buffered copy (batched %v, groups of %d) wrote %d bytes that differ from the mapped copy's %d", batched, batchBuf, u.Len(), a.Len())
+				}
+				var v vecBuffer
+				if _, err := lazy.WriteTo(&v); err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(a.Bytes(), v.Bytes()) {
+					t.Fatalf("the vectored buffered copy (batched %v, groups of %d) wrote %d bytes that differ from the mapped copy's %d", batched, batchBuf, v.Len(), a.Len())
+				}
 			}
 		})
 	}
@@ -198,14 +226,14 @@ func TestNegateChannelsCorruptRecord(t *testing.T) {
 	if tn, _ := c.Tensor(key); tn.negate == nil {
 		t.Fatal("the conv weight did not take the streamed path")
 	}
-	for _, mapped := range []bool{true, false} {
-		mapCopy = mapped
+	for _, mode := range []struct{ mapped, batched bool }{{true, true}, {false, true}, {false, false}} {
+		mapCopy, batchCopy = mode.mapped, mode.batched
 		_, err = c.WriteTo(io.Discard)
 		if err == nil || !strings.Contains(err.Error(), "corrupt") {
-			t.Errorf("WriteTo (mapped %v) = %v, want a corrupt-record error", mapped, err)
+			t.Errorf("WriteTo (mapped %v, batched %v) = %v, want a corrupt-record error", mode.mapped, mode.batched, err)
 		}
 	}
-	mapCopy = true
+	mapCopy, batchCopy = true, true
 }
 
 // vecBuffer is a bytes.Buffer that also takes vectored writes, as

@@ -544,6 +544,9 @@ func (c *Checkpoint) readRange(st *Storage, start, length int64) ([]byte, error)
 		}
 		return whole[start : start+length], nil
 	}
+	if st.rec.kept != nil {
+		return st.rec.kept[start : start+length], nil
+	}
 	buf := make([]byte, length)
 	if st.rec.zf == nil {
 		if _, err := c.f.ReadAt(buf, st.rec.offset+start); err != nil {
@@ -595,8 +598,16 @@ func (c *Checkpoint) readWhole(st *Storage) ([]byte, error) {
 		return nil, fmt.Errorf("record %s is corrupt: CRC-32 %08x, the archive records %08x", st.rec.name, crc, st.rec.crc)
 	}
 	st.rec.verified = true
+	if st.rec.size <= keepMax {
+		st.rec.kept = buf
+	}
 	return buf, nil
 }
+
+// keepMax is the largest record readWhole keeps once checked: BN vectors,
+// which validation reads, then the rewrite, each a system call and a
+// buffer otherwise, and which all together are a few MB at most.
+const keepMax = 64 << 10
 
 // openRecord streams a storage's whole record.
 func (c *Checkpoint) openRecord(st *Storage) (io.ReadCloser, error) {

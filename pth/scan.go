@@ -88,6 +88,64 @@ var opcodes = map[byte]opInfo{
 	0x96: {argLen8, 0}, 0x97: {}, 0x98: {},
 }
 
+// opTable is opcodes indexed by opcode (known: listed), which the scanner
+// looks up once per opcode.
+var opTable = func() (t [256]struct {
+	opInfo
+	known bool
+}) {
+	for op, info := range opcodes {
+		t[op].opInfo, t[op].known = info, true
+	}
+	return t
+}()
+
+// memoTable is the scanner's memo. Picklers number entries 0, 1, 2, ...,
+// so those live in a slice, which grows by one PUT at a time; any other
+// index (a hand-made pickle's) goes to a map.
+type memoTable struct {
+	dense  []memoEntry
+	sparse map[int]sval
+	n      int // distinct indices stored (MEMOIZE's next index)
+}
+
+type memoEntry struct {
+	v  sval
+	ok bool
+}
+
+func (m *memoTable) get(i int) (sval, bool) {
+	if i >= 0 && i < len(m.dense) {
+		return m.dense[i].v, m.dense[i].ok
+	}
+	v, ok := m.sparse[i]
+	return v, ok
+}
+
+func (m *memoTable) put(i int, v sval) {
+	if _, ok := m.get(i); !ok {
+		m.n++
+	}
+	switch {
+	case i >= 0 && i < len(m.dense):
+		m.dense[i] = memoEntry{v, true}
+	case i == len(m.dense) && !m.inSparse(i):
+		// (dense never grows past an index the map holds, so that each
+		// index lives in one place)
+		m.dense = append(m.dense, memoEntry{v, true})
+	default:
+		if m.sparse == nil {
+			m.sparse = map[int]sval{}
+		}
+		m.sparse[i] = v
+	}
+}
+
+func (m *memoTable) inSparse(i int) bool {
+	_, ok := m.sparse[i]
+	return ok
+}
+
 // Bounds on what the scanner accepts; real checkpoints are far below them.
 const (
 	// maxLong bounds LONG4 integers (in bytes) and maxDigits text integers
@@ -153,7 +211,7 @@ type scanned struct {
 // underflows, and integers larger than maxLong bytes; everything it refuses
 // Python's unpickler refuses too, except the last.
 func scanPickle(r *bufio.Reader, limit int64) (res scanned, err error) {
-	var buf []byte
+	buf := make([]byte, 0, min(max(limit, 0), readChunk))
 	seen := map[string]bool{}
 	addGlobal := func(name string) {
 		if !seen[name] {
@@ -166,6 +224,14 @@ func scanPickle(r *bufio.Reader, limit int64) (res scanned, err error) {
 			return nil, fmt.Errorf("pickle field of %d bytes at offset %d runs past the end of the data", n, len(buf))
 		}
 		start := len(buf)
+		if n == 1 { // an opcode: most reads
+			b, err := r.ReadByte()
+			if err != nil {
+				return nil, fmt.Errorf("pickle truncated at offset %d: %w", start, err) // io.EOF, as io.ReadFull says
+			}
+			buf = append(buf, b)
+			return buf[start:], nil
+		}
 		// Grow as bytes arrive, so that a length the data cannot back
 		// costs at most one chunk.
 		for left := n; left > 0; {
@@ -197,7 +263,7 @@ func scanPickle(r *bufio.Reader, limit int64) (res scanned, err error) {
 	var (
 		stack     []sval
 		marks     [][]sval
-		memo      = map[int]sval{}
+		memo      memoTable
 		nextID    = 0
 		keys      = map[int]map[string]bool{}
 		frameEnd  = int64(0)
@@ -207,7 +273,14 @@ func scanPickle(r *bufio.Reader, limit int64) (res scanned, err error) {
 		}
 	)
 	seenEvent := map[event]bool{}
+	var seenOp [256]bool // the opcode events, one per opcode: the common case, without hashing an event
 	note := func(e event) {
+		if e.kind == evOpcode && e == (event{kind: evOpcode, op: e.op}) {
+			if seenOp[e.op] {
+				return
+			}
+			seenOp[e.op] = true
+		}
 		e.offset = int64(opStart)
 		key := e
 		key.offset = 0
@@ -297,7 +370,7 @@ func scanPickle(r *bufio.Reader, limit int64) (res scanned, err error) {
 		return i, nil
 	}
 	get := func(i int) error {
-		v, ok := memo[i]
+		v, ok := memo.get(i)
 		if !ok {
 			return malformed("memo entry %d was never stored", i)
 		}
@@ -309,7 +382,7 @@ func scanPickle(r *bufio.Reader, limit int64) (res scanned, err error) {
 		if err != nil {
 			return err
 		}
-		memo[i] = v
+		memo.put(i, v)
 		return nil
 	}
 
@@ -320,8 +393,8 @@ func scanPickle(r *bufio.Reader, limit int64) (res scanned, err error) {
 			return res, err
 		}
 		op := b[0]
-		info, ok := opcodes[op]
-		if !ok {
+		info := opTable[op]
+		if !info.known {
 			return res, fmt.Errorf("unknown pickle opcode 0x%02x at offset %d", op, opStart)
 		}
 		note(event{kind: evOpcode, op: op})
@@ -535,7 +608,7 @@ func scanPickle(r *bufio.Reader, limit int64) (res scanned, err error) {
 		case opLongBinPut:
 			err = put(int(le.Uint32(arg)))
 		case opMemoize:
-			err = put(len(memo))
+			err = put(memo.n)
 		case opSetItem:
 			var k, v, d sval
 			if v, err = pop("SETITEM"); err == nil {

@@ -127,3 +127,32 @@ func TestAveragedModelCount(t *testing.T) {
 		}
 	}
 }
+
+// The scanner's memo keeps every index where GET finds it, whether
+// picklers' dense numbering or a hand-made pickle's sparse one, and counts
+// distinct indices for MEMOIZE.
+func TestMemoTable(t *testing.T) {
+	var m memoTable
+	puts := []struct {
+		i int
+		s string
+	}{{0, "a"}, {1, "b"}, {5, "f"}, {2, "c"}, {1, "B"}, {3, "d"}, {4, "e"}, {5, "F"}, {6, "g"}, {1 << 30, "z"}}
+	want := map[int]string{}
+	for _, p := range puts {
+		m.put(p.i, sval{kind: 's', s: p.s})
+		want[p.i] = p.s
+		if m.n != len(want) {
+			t.Fatalf("after put(%d): n = %d, want %d", p.i, m.n, len(want))
+		}
+	}
+	for i := -1; i <= 8; i++ {
+		v, ok := m.get(i)
+		w, wok := want[i]
+		if ok != wok || v.s != w {
+			t.Errorf("get(%d) = %q, %v; want %q, %v", i, v.s, ok, w, wok)
+		}
+	}
+	if v, ok := m.get(1 << 30); !ok || v.s != "z" {
+		t.Errorf("get(1<<30) = %q, %v", v.s, ok)
+	}
+}

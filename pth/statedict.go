@@ -306,8 +306,13 @@ func (c *Checkpoint) SetTensorValues(t *Tensor, v []float64) error {
 	if n := t.Numel(); n != len(v) {
 		return fmt.Errorf("shape %v has %d elements, got %d values", t.Shape, n, len(v))
 	}
-	if _, err := encode(t.DType(), v); err != nil {
-		return err
+	// Any real number encodes as a float (rounded, or to an infinity), so
+	// only the other dtypes are encoded here, to refuse what they cannot
+	// hold now rather than when writing.
+	if !isFloat(t.DType()) {
+		if _, err := encode(t.DType(), v); err != nil {
+			return err
+		}
 	}
 	t.pending = append([]float64{}, v...)
 	t.negate = nil

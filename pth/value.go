@@ -308,7 +308,10 @@ type record struct {
 	size   int64
 	crc    uint32
 	hasCRC bool
-	// verified is set once a read has checked the whole record's CRC-32.
+	// verified is set once a read has checked the whole record's CRC-32;
+	// kept then holds a small record's bytes (readWhole), which readers
+	// share and never modify.
 	verified bool
+	kept     []byte
 	zf       zipOpener // non-nil for a compressed zip record
 }

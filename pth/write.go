@@ -189,6 +189,55 @@ func (c *Checkpoint) writeTo(w io.Writer, force64 bool) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
+	// How each storage's record is copied is decided first, so that the
+	// goroutines that read and prepare the input's records work ahead of
+	// the writing from the start, across records: those copied from a
+	// map (mapper), and the runs of small records copied together
+	// (copyBatch, batcher).
+	type step struct {
+		s   *outStorage
+		run []batchRecord // or a run for copyBatch
+	}
+	var (
+		steps  []step
+		runs   [][]batchRecord
+		run    []batchRecord
+		mapped []mappedRecord
+	)
+	endRun := func() {
+		if len(run) > 0 {
+			runs = append(runs, run)
+			steps = append(steps, step{run: run})
+			run = nil
+		}
+	}
+	for _, s := range plan.storages {
+		name := "archive/data/" + s.key
+		switch {
+		case s.data != nil && batchCopy && int64(len(s.data)) < batchBuf:
+			run = append(run, batchRecord{name: name, data: s.data})
+		case s.data == nil && s.stream == nil && c.batchable(s.src):
+			run = append(run, batchRecord{name: name, st: s.src, t: s.negated})
+		default:
+			endRun()
+			if s.data == nil && s.stream == nil && c.mappable(s.src) {
+				mapped = append(mapped, mappedRecord{s.src, s.negated})
+			}
+			steps = append(steps, step{s: s})
+		}
+	}
+	endRun()
+	var mp *mapper
+	if len(mapped) > 0 {
+		mp = c.startMapper(mapped)
+		defer mp.close()
+	}
+	var bt *batcher
+	if len(runs) > 0 {
+		bt = c.startBatcher(runs)
+		defer bt.close()
+	}
+
 	pkl, err := newPickler(plan).dump(c.Root)
 	if err != nil {
 		return 0, err
@@ -205,7 +254,14 @@ func (c *Checkpoint) writeTo(w io.Writer, force64 bool) (int64, error) {
 	if err := add("archive/byteorder", []byte("little")); err != nil {
 		return z.off, err
 	}
-	for _, s := range plan.storages {
+	for _, step := range steps {
+		if step.run != nil {
+			if err := c.copyBatch(z, step.run, bt); err != nil {
+				return z.off, err
+			}
+			continue
+		}
+		s := step.s
 		name := "archive/data/" + s.key
 		if s.data != nil {
 			if err := add(name, s.data); err != nil {
@@ -220,7 +276,7 @@ func (c *Checkpoint) writeTo(w io.Writer, force64 bool) (int64, error) {
 			continue
 		}
 		if c.mappable(s.src) {
-			if err := c.copyMapped(z, name, s.src, s.negated); err != nil {
+			if err := c.copyMapped(z, name, s.src, mp); err != nil {
 				return z.off, err
 			}
 			continue

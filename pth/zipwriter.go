@@ -21,7 +21,9 @@ type zipWriter struct {
 	// use it to exercise those paths without writing 4 GiB.
 	force64 bool
 	buf     []byte
-	vec     [][]byte // copyMapped's pieces of one chunk
+	// queue, when non-nil, holds what write was given since the last
+	// flush, counted into off as if written (copyBatch).
+	queue [][]byte
 }
 
 type zipEntry struct {
@@ -48,9 +50,31 @@ func newZipWriter(w io.Writer) *zipWriter {
 }
 
 func (z *zipWriter) write(b []byte) error {
+	if z.queue != nil {
+		z.queue = append(z.queue, b)
+		z.off += int64(len(b))
+		return nil
+	}
 	n, err := z.w.Write(b)
 	z.off += int64(n)
 	return err
+}
+
+// flush writes the queue, in one vectored write where the writer takes
+// one, and empties it.
+func (z *zipWriter) flush() error {
+	q := z.queue
+	z.queue = q[:0]
+	if vw, ok := z.w.(vecWriter); ok {
+		_, err := vw.WriteVec(q)
+		return err
+	}
+	for _, b := range q {
+		if _, err := z.w.Write(b); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // add writes one record of exactly size bytes read from src, through a

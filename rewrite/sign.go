@@ -96,27 +96,19 @@ type hit struct {
 // foldReach follows output channel pc of producer p forward to every reader.
 // Negating that channel is only invisible if every reader is a BN site,
 // which takes the sign back through its gamma and running mean; it returns
-// those sites' channels, or why the fold is impossible.
-func foldReach(st *State, r *reaches, p *graph.Node, pc int) ([]hit, string) {
+// those sites' channels (valid until the next call), or why the fold is
+// impossible (see foldBlocker).
+func foldReach(st *State, r *reaches, p *graph.Node, pc int) ([]hit, func() string) {
 	info := r.of(p.Out)
 	if info.why != nil {
-		return nil, info.why(pc)
+		return nil, func() string { return info.why(pc) }
 	}
-	// A site reached along two paths at the same channel is one hit: its
-	// gamma is negated once.
-	type sc struct {
-		s *site
-		c int
-	}
-	seen := make(map[sc]bool, len(info.hits))
-	hits := make([]hit, 0, len(info.hits))
+	hits := r.scratch[:0]
 	for _, h := range info.hits {
-		if k := (sc{h.s, pc + h.off}); !seen[k] {
-			seen[k] = true
-			hits = append(hits, hit{h.s, k.c})
-		}
+		hits = append(hits, hit{h.s, pc + h.off})
 	}
-	return hits, ""
+	r.scratch = hits
+	return hits, nil
 }
 
 // reaches memoizes, per value, where its channels go: the sites that read
@@ -129,9 +121,15 @@ func foldReach(st *State, r *reaches, p *graph.Node, pc int) ([]hit, string) {
 type reaches struct {
 	st   *State
 	memo map[*graph.Value]*reach
+	// scratch holds foldReach's result, which is used up before the next
+	// call: a DenseNet channel reaches dozens of sites, for each of
+	// thousands of negative channels.
+	scratch []hit
 }
 
 type reach struct {
+	// hits has no repeats: a site reached along two paths at the same
+	// channel is one hit (its gamma is negated once), the first met.
 	hits []reachHit
 	why  func(c int) string // nil when every reader is a site
 }
@@ -148,8 +146,22 @@ func (r *reaches) of(v *graph.Value) *reach {
 		return info
 	}
 	info := r.walk(v)
+	info.hits = uniqueHits(info.hits)
 	r.memo[v] = info
 	return info
+}
+
+// uniqueHits drops the repeats of hits, keeping the first of each.
+func uniqueHits(hits []reachHit) []reachHit {
+	seen := make(map[reachHit]bool, len(hits))
+	out := hits[:0]
+	for _, h := range hits {
+		if !seen[h] {
+			seen[h] = true
+			out = append(out, h)
+		}
+	}
+	return out
 }
 
 func (r *reaches) walk(v *graph.Value) *reach {
@@ -207,11 +219,14 @@ func (r *reaches) walk(v *graph.Value) *reach {
 // foldBlocker is fold-signs' precondition for one producer channel: the
 // producer must own its weights, every reader must be a site, and every
 // in-place reader must have a negative (or zero) gamma there, because after
-// the fold it sees |gamma| and nothing else.
-func foldBlocker(st *State, r *reaches, p *graph.Node, pc int, keyUsers map[string]int) ([]hit, string) {
+// the fold it sees |gamma| and nothing else. Why a fold is blocked is
+// returned as a function that says it: the report keeps only the first
+// reason per site, and a DenseNet's thousands of negative channels are
+// mostly blocked, so formatting each was a large part of the pass.
+func foldBlocker(st *State, r *reaches, p *graph.Node, pc int, keyUsers map[string]int) ([]hit, func() string) {
 	wkey := p.Params[graph.RoleWeight]
 	if wkey == "" {
-		return nil, fmt.Sprintf("%s %s has no weight parameter", p.Op, p.Name)
+		return nil, func() string { return fmt.Sprintf("%s %s has no weight parameter", p.Op, p.Name) }
 	}
 	for _, role := range []string{graph.RoleWeight, graph.RoleBias} {
 		key := p.Params[role]
@@ -220,14 +235,16 @@ func foldBlocker(st *State, r *reaches, p *graph.Node, pc int, keyUsers map[stri
 		}
 		shape, ok := st.w.Shape(key)
 		if !ok || len(shape) == 0 || pc >= shape[0] {
-			return nil, fmt.Sprintf("%s %s: parameter %q has no output channel %d", p.Op, p.Name, key, pc)
+			return nil, func() string {
+				return fmt.Sprintf("%s %s: parameter %q has no output channel %d", p.Op, p.Name, key, pc)
+			}
 		}
 		if keyUsers[key] > 1 {
-			return nil, fmt.Sprintf("%s %s shares parameter %q with another node", p.Op, p.Name, key)
+			return nil, func() string { return fmt.Sprintf("%s %s shares parameter %q with another node", p.Op, p.Name, key) }
 		}
 	}
 	hits, why := foldReach(st, r, p, pc)
-	if why != "" {
+	if why != nil {
 		return nil, why
 	}
 	for _, h := range hits {
@@ -235,13 +252,17 @@ func foldBlocker(st *State, r *reaches, p *graph.Node, pc int, keyUsers map[stri
 		if err != nil || h.c >= len(gamma) {
 			// The graph's channel counts disagree with the parameters:
 			// leave the channel alone rather than negate the wrong one.
-			return nil, fmt.Sprintf("channel %d of %s maps to channel %d of %s, which it does not have", pc, p.Name, h.c, h.s.bn.Name)
+			return nil, func() string {
+				return fmt.Sprintf("channel %d of %s maps to channel %d of %s, which it does not have", pc, p.Name, h.c, h.s.bn.Name)
+			}
 		}
-		if h.s.inPlace() && gamma[h.c] > 0 {
-			return nil, fmt.Sprintf("channel %d of %s also feeds channel %d of %s, whose gamma %.4g is positive", pc, p.Name, h.c, h.s.bn.Name, gamma[h.c])
+		if g := gamma[h.c]; h.s.inPlace() && g > 0 {
+			return nil, func() string {
+				return fmt.Sprintf("channel %d of %s also feeds channel %d of %s, whose gamma %.4g is positive", pc, p.Name, h.c, h.s.bn.Name, g)
+			}
 		}
 	}
-	return hits, ""
+	return hits, nil
 }
 
 // foldSigns makes negative gammas of in-place sites positive by negating the
@@ -259,7 +280,7 @@ func foldSigns(st *State) error {
 		p  *graph.Node
 		pc int
 	}
-	blocked := map[src]string{}
+	blocked := map[src]func() string{}
 	reach := newReaches(st)
 	for _, s := range st.sites {
 		if !s.inPlace() {
@@ -276,17 +297,17 @@ func foldSigns(st *State) error {
 			}
 			p, pc, why := traceSource(s.bn.Inputs[0], c)
 			if p == nil {
-				s.block(c, why)
+				s.block(c, func() string { return why })
 				continue
 			}
 			if why, done := blocked[src{p, pc}]; done {
 				s.block(c, why)
 				continue
 			}
-			hits, why := foldBlocker(st, reach, p, pc, keyUsers)
-			if why != "" {
-				blocked[src{p, pc}] = why
-				s.block(c, why)
+			hits, blocker := foldBlocker(st, reach, p, pc, keyUsers)
+			if blocker != nil {
+				blocked[src{p, pc}] = blocker
+				s.block(c, blocker)
 				continue
 			}
 			if err := fold(st, p, pc, hits); err != nil {
@@ -301,7 +322,9 @@ func foldSigns(st *State) error {
 func fold(st *State, p *graph.Node, pc int, hits []hit) error {
 	for _, role := range []string{graph.RoleWeight, graph.RoleBias} {
 		if key := p.Params[role]; key != "" {
-			st.t.negateSlice(key, pc)
+			if err := st.t.negateSlice(key, pc); err != nil {
+				return fmt.Errorf("node %s: %w", p.Name, err)
+			}
 		}
 	}
 	for _, h := range hits {
@@ -319,9 +342,9 @@ func fold(st *State, p *graph.Node, pc int, hits []hit) error {
 }
 
 // block remembers why channel c could not be folded, for the report.
-func (s *site) block(c int, why string) {
+func (s *site) block(c int, why func() string) {
 	if s.note == "" {
-		s.note = fmt.Sprintf("channel %d not folded: %s", c, why)
+		s.note = fmt.Sprintf("channel %d not folded: %s", c, why())
 	}
 }
 

@@ -2,45 +2,72 @@ package rewrite
 
 import (
 	"fmt"
+	"math"
 	"sort"
 
 	"github.com/abnconvert/abnconvert/graph"
 )
 
-// tensors is a per-pass cache over the weight store for the small per-channel
+// tensors is a cache over the weight store for the small per-channel
 // vectors of BN sites, plus a queue of whole-channel negations for producer
 // weights, which can be large: those are applied one tensor at a time when
 // the pass ends, so that at most one convolution's weights are held in
-// memory. It also keeps the report's bookkeeping of what changed.
+// memory. It also keeps the report's bookkeeping of what changed. Each pass
+// ends with flush, after which the store holds what the cache holds: the
+// vectors stay cached for the next pass, rather than being read and
+// decoded again by every pass.
 type tensors struct {
-	w      graph.Weights
-	cur    map[string][]float64
-	orig   map[string][]float64
-	negate map[string]map[int]bool // key -> dim-0 indices to negate at flush
-	// flips counts, per key and dim-0 index, how often the sign was flipped;
-	// an index is reported when the count is odd.
-	flips   map[string]map[int]int
+	w     graph.Weights
+	cache map[string]*cached
+	// negate marks, per key, the dim-0 indices to negate at flush; flips
+	// says, per key and dim-0 index, whether the sign was flipped an odd
+	// number of times (those are reported). Both are indexed by channel
+	// (grown as needed): a fold touches thousands of channels, which maps
+	// of maps made the largest cost of the pass.
+	negate  map[string][]bool
+	flips   map[string][]bool
 	changed map[string]bool
 }
 
 func newTensors(w graph.Weights) *tensors {
 	return &tensors{
-		w: w, cur: map[string][]float64{}, orig: map[string][]float64{},
-		negate: map[string]map[int]bool{}, flips: map[string]map[int]int{}, changed: map[string]bool{},
+		w: w, cache: map[string]*cached{},
+		negate: map[string][]bool{}, flips: map[string][]bool{}, changed: map[string]bool{},
 	}
+}
+
+// toggle flips index i (not negative) of m[key], growing it as needed,
+// by doubling: the channels of a key come in increasing order.
+func toggle(m map[string][]bool, key string, i int) {
+	b := m[key]
+	if i >= len(b) {
+		nb := make([]bool, max(i+1, 2*len(b), 64))
+		copy(nb, b)
+		b = nb
+		m[key] = b
+	}
+	b[i] = !b[i]
+}
+
+// cached is a vector of the cache: cur is what the pass sees and may
+// change, orig what the store holds; touched says that this pass was
+// handed cur, so that flush compares only those.
+type cached struct {
+	cur, orig []float64
+	touched   bool
 }
 
 // vec returns the cached, mutable values of a per-channel vector.
 func (t *tensors) vec(key string) ([]float64, error) {
-	if v, ok := t.cur[key]; ok {
-		return v, nil
+	if c, ok := t.cache[key]; ok {
+		c.touched = true
+		return c.cur, nil
 	}
 	v, err := t.w.Values(key)
 	if err != nil {
 		return nil, fmt.Errorf("reading %q: %w", key, err)
 	}
-	t.cur[key] = v
-	t.orig[key] = append([]float64(nil), v...)
+	t.cache[key] = &cached{cur: v, orig: append([]float64(nil), v...), touched: true}
 	return v, nil
 }
 
@@ -59,37 +86,43 @@ func (t *tensors) negateVec(key string, i int) error {
 }
 
 // negateSlice queues the negation of slice i along dim 0 of key.
-func (t *tensors) negateSlice(key string, i int) {
-	if t.negate[key] == nil {
-		t.negate[key] = map[int]bool{}
+func (t *tensors) negateSlice(key string, i int) error {
+	if i < 0 {
+		return fmt.Errorf("%q has no slice %d", key, i)
 	}
 	// Queued twice means flipped twice: no change at all.
-	t.negate[key][i] = !t.negate[key][i]
+	toggle(t.negate, key, i)
 	t.flipped(key, i)
+	return nil
 }
 
-func (t *tensors) flipped(key string, i int) {
-	if t.flips[key] == nil {
-		t.flips[key] = map[int]int{}
-	}
-	t.flips[key][i]++
-}
+func (t *tensors) flipped(key string, i int) { toggle(t.flips, key, i) }
 
-// flush writes every changed vector and applies the queued negations, then
-// empties the cache.
+// flush writes every changed vector and applies the queued negations. What
+// stays cached is what the store holds.
 func (t *tensors) flush() error {
-	keys := make([]string, 0, len(t.cur))
-	for k := range t.cur {
-		keys = append(keys, k)
+	var keys []string
+	for k, c := range t.cache {
+		if c.touched {
+			keys = append(keys, k)
+		}
 	}
 	sort.Strings(keys)
 	for _, k := range keys {
-		if !differ(t.cur[k], t.orig[k]) {
+		c := t.cache[k]
+		c.touched = false
+		if !differ(c.cur, c.orig) {
+			if !sameBits(c.cur, c.orig) {
+				// A -0 (a negated zero) the store does not hold: read
+				// the vector again rather than keep it.
+				delete(t.cache, k)
+			}
 			continue
 		}
-		if err := t.w.SetValues(k, t.cur[k]); err != nil {
+		if err := t.w.SetValues(k, c.cur); err != nil {
 			return fmt.Errorf("writing %q: %w", k, err)
 		}
+		c.orig = append(c.orig[:0], c.cur...)
 		t.changed[k] = true
 	}
 	keys = keys[:0]
@@ -101,14 +134,23 @@ func (t *tensors) flush() error {
 		if err := t.applyNegation(k, t.negate[k]); err != nil {
 			return err
 		}
+		delete(t.cache, k) // (a producer's weights are not cached: no-op)
 	}
-	t.cur = map[string][]float64{}
-	t.orig = map[string][]float64{}
-	t.negate = map[string]map[int]bool{}
+	t.negate = map[string][]bool{}
 	return nil
 }
 
-func (t *tensors) applyNegation(key string, idx map[int]bool) error {
+// sameBits reports whether a and b hold the same float64 bits.
+func sameBits(a, b []float64) bool {
+	for i := range a {
+		if math.Float64bits(a[i]) != math.Float64bits(b[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+func (t *tensors) applyNegation(key string, idx []bool) error {
 	if n, ok := t.w.(graph.ChannelNegater); ok {
 		var chans []int
 		for i, on := range idx {
@@ -116,7 +158,6 @@ func (t *tensors) applyNegation(key string, idx map[int]bool) error {
 				chans = append(chans, i)
 			}
 		}
-		sort.Ints(chans)
 		changed, err := n.NegateChannels(key, chans)
 		if err != nil {
 			return fmt.Errorf("negating channels of %q: %w", key, err)
@@ -143,7 +184,7 @@ func (t *tensors) applyNegation(key string, idx map[int]bool) error {
 		if !on {
 			continue
 		}
-		if i < 0 || i >= shape[0] {
+		if i >= shape[0] {
 			return fmt.Errorf("negating channel %d of %q, which has %d", i, key, shape[0])
 		}
 		for j := i * stride; j < (i+1)*stride; j++ {
@@ -176,18 +217,16 @@ func differ(a, b []float64) bool {
 // flipReport returns the odd-count flips per key, sorted.
 func (t *tensors) flipReport() map[string][]int {
 	out := map[string][]int{}
-	for k, m := range t.flips {
+	for k, odd := range t.flips {
 		var idx []int
-		for i, n := range m {
-			if n%2 == 1 {
+		for i, on := range odd {
+			if on {
 				idx = append(idx, i)
 			}
 		}
-		if len(idx) == 0 {
-			continue
+		if len(idx) > 0 {
+			out[k] = idx
 		}
-		sort.Ints(idx)
-		out[k] = idx
 	}
 	return out
 }

@@ -1,0 +1,228 @@
+package pth
+
+import (
+	"fmt"
+	"hash/crc32"
+)
+
+// copyBatch copies a run of small records into the archive: stored input
+// records (each under mapMin) and new contents. A DenseNet has hundreds of
+// them (BN vectors, thin convolutions), holding most of its bytes, and
+// copying them one by one costs several system calls and a CRC pass each
+// on the critical path. So they are read in groups of up to batchBuf
+// bytes, neighbours in the file in one pread, by the batcher, which also
+// checks each input record's CRC and applies its negations in place ahead
+// of this goroutine, which writes each group's headers, data and
+// descriptors in one vectored write. An input record's output CRC comes
+// from its recorded one (a flip's change is negate.CRCDelta): the output
+// is what writing record by record writes.
+func (c *Checkpoint) copyBatch(z *zipWriter, run []batchRecord, bt *batcher) error {
+	z.queue = make([][]byte, 0, 64)
+	defer func() { z.queue = nil }()
+	for n := 0; n < len(run); {
+		g, ok := <-bt.full
+		if !ok || &g.recs[0] != &run[n] {
+			return fmt.Errorf("%s: copying %s: the batch groups are out of step with the records", c.Path, run[n].name)
+		}
+		if g.err != nil {
+			return g.err
+		}
+		for i, r := range g.recs {
+			e, err := z.begin(r.name, int64(len(g.data[i])))
+			if err != nil {
+				return err
+			}
+			z.write(g.data[i])
+			if err := z.finish(e, g.crcs[i]); err != nil {
+				return err
+			}
+		}
+		if err := z.flush(); err != nil {
+			return fmt.Errorf("writing %s to %s: %w", g.recs[0].name, g.recs[len(g.recs)-1].name, err)
+		}
+		n += len(g.recs)
+		bt.free <- g.buf
+	}
+	return nil
+}
+
+// batcher reads the groups of every copyBatch run, in writing order, on a
+// goroutine of its own: at most two at a time, the one written and the
+// next, which may be the next run's, so that the writer seldom waits.
+type batcher struct {
+	full chan batchGroup
+	free chan []byte // group buffers, made on first need
+	stop chan struct{}
+}
+
+// batchGroup is a group of a run read by the batcher: each record's bytes
+// (flipped; in buf for input records) and output CRC.
+type batchGroup struct {
+	recs []batchRecord
+	data [][]byte
+	crcs []uint32
+	buf  []byte
+	err  error
+}
+
+func (c *Checkpoint) startBatcher(runs [][]batchRecord) *batcher {
+	const inFlight = 2
+	// full never blocks: there are only inFlight buffers.
+	bt := &batcher{full: make(chan batchGroup, inFlight), free: make(chan []byte, inFlight), stop: make(chan struct{})}
+	for i := 0; i < inFlight; i++ {
+		bt.free <- nil
+	}
+	go func() {
+		defer close(bt.full)
+		for _, run := range runs {
+			for _, g := range splitBatch(run, batchBuf) {
+				var buf []byte
+				select {
+				case <-bt.stop: // first: a buffer may be free too
+					return
+				default:
+				}
+				select {
+				case buf = <-bt.free:
+				case <-bt.stop:
+					return
+				}
+				if buf == nil {
+					buf = make([]byte, batchBuf)
+				}
+				f := batchGroup{recs: g, buf: buf}
+				f.data, f.crcs, f.err = c.readBatch(g, buf)
+				bt.full <- f
+				if f.err != nil {
+					return
+				}
+			}
+		}
+	}()
+	return bt
+}
+
+// close stops the batcher and waits for it, so that no read is left
+// running once the copy returns.
+func (bt *batcher) close() {
+	close(bt.stop)
+	for range bt.full {
+	}
+}
+
+// batchRecord is one record of a copyBatch run, written as name: data, or
+// when data is nil st's record with t's negations applied (t nil: none).
+type batchRecord struct {
+	name string
+	data []byte
+	st   *Storage
+	t    *Tensor
+}
+
+// input reports whether the record is copied from the input.
+func (r batchRecord) input() bool { return r.data == nil }
+
+// batchable reports whether a storage's record is copied by copyBatch: a
+// stored record with a recorded CRC, too small to be mapped.
+func (c *Checkpoint) batchable(st *Storage) bool {
+	return batchCopy && st.rec.zf == nil && st.rec.hasCRC && st.rec.size < batchBuf && !c.mappable(st)
+}
+
+// batchBuf is the size of one of copyBatch's buffers, the most bytes it
+// reads in one group (the tests lower it to split their small fixtures
+// into several groups).
+var batchBuf int64 = 4 << 20
+
+// batchGap is the most bytes between two records that one read spans (a
+// zip header and its padding) rather than reading them apart.
+const batchGap = 4 << 10
+
+// batchCopy selects copyBatch for small stored records; tests turn it off
+// to compare with the record-by-record copy.
+var batchCopy = true
+
+// splitBatch cuts recs into groups of at most max bytes read from the
+// input, spans between neighbours included.
+func splitBatch(recs []batchRecord, max int64) [][]batchRecord {
+	var groups [][]batchRecord
+	start, used := 0, int64(0)
+	var prev *record // the group's last input record
+	for i, r := range recs {
+		if !r.input() {
+			continue
+		}
+		need := r.st.rec.size
+		if prev != nil {
+			if gap := r.st.rec.offset - (prev.offset + prev.size); gap >= 0 && gap <= batchGap {
+				need += gap
+			}
+		}
+		if prev != nil && used+need > max {
+			groups = append(groups, recs[start:i])
+			start, used, need = i, 0, r.st.rec.size
+		}
+		used += need
+		prev = &r.st.rec
+	}
+	if start < len(recs) {
+		groups = append(groups, recs[start:])
+	}
+	return groups
+}
+
+// readBatch reads a group of splitBatch into buf, checks each input
+// record's CRC and applies its negations. It returns each record's bytes
+// (in buf for input records) and output CRC.
+func (c *Checkpoint) readBatch(g []batchRecord, buf []byte) ([][]byte, []uint32, error) {
+	data := make([][]byte, len(g))
+	crcs := make([]uint32, len(g))
+	used := int64(0)
+	for i := 0; i < len(g); {
+		if !g[i].input() {
+			data[i], crcs[i] = g[i].data, crc32.ChecksumIEEE(g[i].data)
+			i++
+			continue
+		}
+		// One read for the input records from i whose bytes follow each
+		// other in the file up to small gaps (the same rule as
+		// splitBatch's).
+		lo := g[i].st.rec.offset
+		hi := lo + g[i].st.rec.size
+		j := i + 1
+		for ; j < len(g); j++ {
+			if !g[j].input() {
+				continue
+			}
+			r := g[j].st.rec
+			if r.offset < hi || r.offset-hi > batchGap {
+				break
+			}
+			hi = r.offset + r.size
+		}
+		b := buf[used : used+hi-lo]
+		if _, err := c.f.ReadAt(b, lo); err != nil {
+			return nil, nil, fmt.Errorf("%s: reading %s: %w", c.Path, g[i].st.rec.name, err)
+		}
+		for k := i; k < j; k++ {
+			if !g[k].input() {
+				data[k], crcs[k] = g[k].data, crc32.ChecksumIEEE(g[k].data)
+				continue
+			}
+			r := g[k].st.rec
+			d := b[r.offset-lo : r.offset-lo+r.size]
+			crc := crc32.ChecksumIEEE(d)
+			if crc != r.crc {
+				return nil, nil, fmt.Errorf("%s: record %s is corrupt: CRC-32 %08x, the archive records %08x", c.Path, r.name, crc, r.crc)
+			}
+			if t := g[k].t; t != nil {
+				l, _ := layoutOf(t)
+				l.Apply(t.negate, 0, d)
+				crc ^= l.CRCDelta(t.negate, 0, r.size)
+			}
+			data[k], crcs[k] = d, crc
+		}
+		used += hi - lo
+		i = j
+	}
+	return data, crcs, nil
+}

@@ -1,0 +1,56 @@
+package rewrite
+
+import (
+	"math"
+	"testing"
+
+	"github.com/abnconvert/abnconvert/graph"
+)
+
+// The vector cache outlives a pass only as what the store holds: a changed
+// vector is written and stays cached as written, and a vector whose only
+// change is a negated zero (no change to the store) is read again.
+func TestTensorsCacheAcrossPasses(t *testing.T) {
+	w := graph.NewMemWeights()
+	w.Put("a", []int{2}, []float64{0, 1})
+	w.Put("b", []int{2}, []float64{2, 3})
+	ts := newTensors(w)
+	if err := ts.negateVec("a", 0); err != nil { // 0 -> -0: no change
+		t.Fatal(err)
+	}
+	if err := ts.negateVec("b", 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := ts.flush(); err != nil {
+		t.Fatal(err)
+	}
+	if ts.changed["a"] || !ts.changed["b"] {
+		t.Fatalf("changed = %v, want b alone", ts.changed)
+	}
+	for key, want := range map[string][]float64{"a": {0, 1}, "b": {2, -3}} {
+		stored, err := w.Values(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cached, err := ts.vec(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range want {
+			if math.Float64bits(stored[i]) != math.Float64bits(want[i]) || math.Float64bits(cached[i]) != math.Float64bits(want[i]) {
+				t.Errorf("%s[%d]: stored %v, cached %v after flush, want %v (bit for bit)", key, i, stored[i], cached[i], want[i])
+			}
+		}
+	}
+	// The next pass changes b again from what was written, and it is
+	// written again.
+	if err := ts.negateVec("b", 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := ts.flush(); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := w.Values("b"); v[0] != -2 || v[1] != -3 {
+		t.Errorf("b = %v after the second pass, want [-2 -3]", v)
+	}
+}
