@@ -2,6 +2,7 @@ package onnx
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/abnconvert/abnconvert/graph"
 	"github.com/abnconvert/abnconvert/onnx/internal/pb"
@@ -110,25 +111,13 @@ func (w *writer) residualAdd(n *graph.Node, info *nodeInfo) error {
 			in[k] = w.name[n.Residual()]
 		}
 	}
-	if equalNames(in, info.proto.Input) {
+	if slices.Equal(in, info.proto.Input) {
 		return nil
 	}
 	node := cloneNode(info.proto)
 	node.Input = in
 	w.replace[info.index] = []*pb.NodeProto{node}
 	return nil
-}
-
-func equalNames(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // activation is the standard node computing n's activation from in to
