@@ -137,6 +137,18 @@ func Run(opt Options) (*Result, error) {
 	}
 	ck := m.Checkpoint
 
+	// The output is written from here on, while the conversion decides
+	// what it changes (pth.Prewrite): a refused conversion still leaves
+	// nothing behind, since the set renames nothing into place before
+	// Commit and Abort removes what was written.
+	set := outputs(opt.Force, opt.Fsync, opt.Input)
+	defer set.Abort()
+	pw, err := ck.Prewrite(set, opt.Output)
+	if err != nil {
+		return nil, err
+	}
+	defer pw.Stop() // before Abort removes the file
+
 	g, match, err := arch.Recognize(ck, opt.Arch)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", opt.Input, err)
@@ -176,8 +188,6 @@ func Run(opt Options) (*Result, error) {
 		return nil, err
 	}
 
-	// Everything that can fail on content is done before the first byte is
-	// written, so that a refused conversion leaves nothing behind.
 	var module []byte
 	if opt.EmitModule != "" {
 		module, err = emit.Python(g, emit.Options{Header: header(opt, match)})
@@ -187,9 +197,7 @@ func Run(opt Options) (*Result, error) {
 	}
 
 	opt.progress("writing %s", opt.Output)
-	set := outputs(opt.Force, opt.Fsync, opt.Input)
-	defer set.Abort()
-	if err := ck.Stage(set, opt.Output); err != nil {
+	if err := pw.Finish(); err != nil {
 		return nil, err
 	}
 	if module != nil {

@@ -164,6 +164,13 @@ func (l Layout) runs(chans []int, lo, hi int64, fn func(a, e, phase int64)) {
 	}
 }
 
+// Runs calls fn for each run of consecutive listed channels (sorted) that
+// overlaps [lo, hi), clipped to it: the byte ranges [a, e) that Apply
+// changes.
+func (l Layout) Runs(chans []int, lo, hi int64, fn func(a, e int64)) {
+	l.runs(chans, lo, hi, func(a, e, _ int64) { fn(a, e) })
+}
+
 // CopyApply is copy(dst, src) then Apply(chans, pos, dst), in one pass:
 // src is the tensor's bytes from offset pos, dst as long.
 func (l Layout) CopyApply(dst, src []byte, chans []int, pos int64) {

@@ -407,3 +407,65 @@ func (st state) String() string {
 	}
 	return "interrupted"
 }
+
+// Flush writes what the file's buffer holds, so that positioned writes
+// (WriteAt) and maps of the file (Fd) see every byte appended so far.
+func (f *File) Flush() error {
+	if f.err != nil {
+		return f.err
+	}
+	if f.bw != nil {
+		if err := f.bw.Flush(); err != nil {
+			f.err = cause(err)
+		}
+	}
+	return f.err
+}
+
+// WriteAt overwrites bytes the file already holds, at off, leaving the
+// position where appending goes on unchanged: a writer that laid a file
+// out ahead of knowing some of its contents fills them in (package pth's
+// Prewrite). Call Flush first.
+func (f *File) WriteAt(p []byte, off int64) (int, error) {
+	if f.err != nil {
+		return 0, f.err
+	}
+	n, err := f.f.WriteAt(p, off)
+	if err != nil {
+		f.err = cause(err)
+	}
+	return n, f.err
+}
+
+// ReadAt reads bytes the file already holds (Flush first).
+func (f *File) ReadAt(p []byte, off int64) (int, error) {
+	if f.err != nil {
+		return 0, f.err
+	}
+	n, err := f.f.ReadAt(p, off)
+	if err != nil {
+		return n, cause(err)
+	}
+	return n, nil
+}
+
+// Fd is the temporary file's descriptor, for a writer that changes bytes
+// already written in place through a shared map (Flush first).
+func (f *File) Fd() uintptr { return f.f.Fd() }
+
+// Rewind empties the file and starts appending again from its first byte,
+// for a writer whose early start turned out to lay the file out wrong.
+func (f *File) Rewind() error {
+	if err := f.Flush(); err != nil {
+		return err
+	}
+	if err := f.f.Truncate(0); err != nil {
+		f.err = cause(err)
+		return f.err
+	}
+	if _, err := f.f.Seek(0, io.SeekStart); err != nil {
+		f.err = cause(err)
+		return f.err
+	}
+	return nil
+}

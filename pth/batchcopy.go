@@ -65,7 +65,7 @@ type batchGroup struct {
 	err  error
 }
 
-func (c *Checkpoint) startBatcher(runs [][]batchRecord) *batcher {
+func (c *Checkpoint) startBatcher(runs [][]batchRecord, late *lateFlips) *batcher {
 	const inFlight = 2
 	// full never blocks: there are only inFlight buffers.
 	bt := &batcher{full: make(chan batchGroup, inFlight), free: make(chan []byte, inFlight), stop: make(chan struct{})}
@@ -91,7 +91,7 @@ func (c *Checkpoint) startBatcher(runs [][]batchRecord) *batcher {
 					buf = make([]byte, batchBuf)
 				}
 				f := batchGroup{recs: g, buf: buf}
-				f.data, f.crcs, f.err = c.readBatch(g, buf)
+				f.data, f.crcs, f.err = c.readBatch(g, buf, late)
 				bt.full <- f
 				if f.err != nil {
 					return
@@ -171,9 +171,9 @@ func splitBatch(recs []batchRecord, max int64) [][]batchRecord {
 }
 
 // readBatch reads a group of splitBatch into buf, checks each input
-// record's CRC and applies its negations. It returns each record's bytes
+// record's CRC and applies its negations (late's too). It returns each record's bytes
 // (in buf for input records) and output CRC.
-func (c *Checkpoint) readBatch(g []batchRecord, buf []byte) ([][]byte, []uint32, error) {
+func (c *Checkpoint) readBatch(g []batchRecord, buf []byte, late *lateFlips) ([][]byte, []uint32, error) {
 	data := make([][]byte, len(g))
 	crcs := make([]uint32, len(g))
 	used := int64(0)
@@ -214,7 +214,11 @@ func (c *Checkpoint) readBatch(g []batchRecord, buf []byte) ([][]byte, []uint32,
 			if crc != r.crc {
 				return nil, nil, fmt.Errorf("%s: record %s is corrupt: CRC-32 %08x, the archive records %08x", c.Path, r.name, crc, r.crc)
 			}
-			if t := g[k].t; t != nil {
+			t := g[k].t
+			if t == nil && late != nil {
+				t = late.take(g[k].st)
+			}
+			if t != nil {
 				l, _ := layoutOf(t)
 				l.Apply(t.negate, 0, d)
 				crc ^= l.CRCDelta(t.negate, 0, r.size)

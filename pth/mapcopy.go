@@ -121,7 +121,7 @@ type mapper struct {
 	stop    chan struct{}
 }
 
-func (c *Checkpoint) startMapper(recs []mappedRecord) *mapper {
+func (c *Checkpoint) startMapper(recs []mappedRecord, late *lateFlips) *mapper {
 	const inFlight = 2
 	out := make(chan *mapWindow)
 	mp := &mapper{windows: out, free: make(chan []byte, inFlight), stop: make(chan struct{})}
@@ -134,9 +134,13 @@ func (c *Checkpoint) startMapper(recs []mappedRecord) *mapper {
 		for _, r := range recs {
 			var l negate.Layout
 			var chans []int
-			if r.t != nil {
-				l, _ = layoutOf(r.t)
-				chans = r.t.negate
+			t := r.t
+			if t == nil && late != nil {
+				t = late.take(r.st)
+			}
+			if t != nil {
+				l, _ = layoutOf(t)
+				chans = t.negate
 			}
 			size := r.st.rec.size
 			for off := int64(0); off < size; off += mapWindowSize {

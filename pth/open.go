@@ -537,15 +537,15 @@ func (c *Checkpoint) readRange(st *Storage, start, length int64) ([]byte, error)
 	if start < 0 || length < 0 || start > st.rec.size || length > st.rec.size-start {
 		return nil, fmt.Errorf("reading %s: bytes [%d, %d+%d) lie outside its %d bytes", st.rec.name, start, start, length, st.rec.size)
 	}
-	if st.rec.hasCRC && !st.rec.verified {
+	if st.rec.hasCRC && !st.verified {
 		whole, err := c.readWhole(st)
 		if err != nil {
 			return nil, err
 		}
 		return whole[start : start+length], nil
 	}
-	if st.rec.kept != nil {
-		return st.rec.kept[start : start+length], nil
+	if st.kept != nil {
+		return st.kept[start : start+length], nil
 	}
 	buf := make([]byte, length)
 	if st.rec.zf == nil {
@@ -597,9 +597,9 @@ func (c *Checkpoint) readWhole(st *Storage) ([]byte, error) {
 	if crc := crc32.ChecksumIEEE(buf); crc != st.rec.crc {
 		return nil, fmt.Errorf("record %s is corrupt: CRC-32 %08x, the archive records %08x", st.rec.name, crc, st.rec.crc)
 	}
-	st.rec.verified = true
+	st.verified = true
 	if st.rec.size <= keepMax {
-		st.rec.kept = buf
+		st.kept = buf
 	}
 	return buf, nil
 }

@@ -299,6 +299,13 @@ type Storage struct {
 	Class *Global
 
 	rec record
+	// verified is set once a read has checked the whole record's CRC-32;
+	// kept then holds a small record's bytes (readWhole), which readers
+	// share and never modify. Apart from rec, which never changes once
+	// open, so that a copy of the records running beside the reads
+	// (Prewrite) shares nothing that changes.
+	verified bool
+	kept     []byte
 }
 
 // record locates a storage's bytes in the input file.
@@ -308,10 +315,5 @@ type record struct {
 	size   int64
 	crc    uint32
 	hasCRC bool
-	// verified is set once a read has checked the whole record's CRC-32;
-	// kept then holds a small record's bytes (readWhole), which readers
-	// share and never modify.
-	verified bool
-	kept     []byte
-	zf       zipOpener // non-nil for a compressed zip record
+	zf     zipOpener // non-nil for a compressed zip record
 }

@@ -189,6 +189,25 @@ func (c *Checkpoint) writeTo(w io.Writer, force64 bool) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
+	pkl, err := newPickler(plan).dump(c.Root)
+	if err != nil {
+		return 0, err
+	}
+	z := newZipWriter(w)
+	z.force64 = force64
+	if err := c.writeBody(z, plan, pkl, nil, nil); err != nil {
+		return z.off, err
+	}
+	return z.off, c.writeTail(z)
+}
+
+// writeBody writes the archive up to its last storage record: the pickle
+// pkl of plan, the byte order and every storage's record. late, when not
+// nil, gives negations that were not known when plan was made (Prewrite):
+// a record copied from the input gets those its storage has by the time
+// the copy starts preparing it. stop, when closed, ends the copy early
+// (with an error).
+func (c *Checkpoint) writeBody(z *zipWriter, plan *writePlan, pkl []byte, late *lateFlips, stop <-chan struct{}) error {
 	// How each storage's record is copied is decided first, so that the
 	// goroutines that read and prepare the input's records work ahead of
 	// the writing from the start, across records: those copied from a
@@ -229,35 +248,34 @@ func (c *Checkpoint) writeTo(w io.Writer, force64 bool) (int64, error) {
 	endRun()
 	var mp *mapper
 	if len(mapped) > 0 {
-		mp = c.startMapper(mapped)
+		mp = c.startMapper(mapped, late)
 		defer mp.close()
 	}
 	var bt *batcher
 	if len(runs) > 0 {
-		bt = c.startBatcher(runs)
+		bt = c.startBatcher(runs, late)
 		defer bt.close()
 	}
 
-	pkl, err := newPickler(plan).dump(c.Root)
-	if err != nil {
-		return 0, err
-	}
-	z := newZipWriter(w)
-	z.force64 = force64
 	add := func(name string, b []byte) error {
 		_, err := z.add(name, int64(len(b)), bytes.NewReader(b))
 		return err
 	}
 	if err := add("archive/data.pkl", pkl); err != nil {
-		return z.off, err
+		return err
 	}
 	if err := add("archive/byteorder", []byte("little")); err != nil {
-		return z.off, err
+		return err
 	}
 	for _, step := range steps {
+		select {
+		case <-stop:
+			return errStopped
+		default:
+		}
 		if step.run != nil {
 			if err := c.copyBatch(z, step.run, bt); err != nil {
-				return z.off, err
+				return err
 			}
 			continue
 		}
@@ -265,42 +283,56 @@ func (c *Checkpoint) writeTo(w io.Writer, force64 bool) (int64, error) {
 		name := "archive/data/" + s.key
 		if s.data != nil {
 			if err := add(name, s.data); err != nil {
-				return z.off, err
+				return err
 			}
 			continue
 		}
 		if s.stream != nil {
 			if err := z.addStream(name, s.size, s.stream); err != nil {
-				return z.off, err
+				return err
 			}
 			continue
 		}
 		if c.mappable(s.src) {
 			if err := c.copyMapped(z, name, s.src, mp); err != nil {
-				return z.off, err
+				return err
 			}
 			continue
 		}
-		if s.negated != nil {
-			if err := c.copyNegated(z, name, s.src, s.negated); err != nil {
-				return z.off, err
+		t := s.negated
+		if t == nil && late != nil {
+			t = late.take(s.src)
+		}
+		if t != nil {
+			if err := c.copyNegated(z, name, s.src, t); err != nil {
+				return err
 			}
 			continue
 		}
 		if err := c.copyRecord(z, name, s.src); err != nil {
-			return z.off, err
+			return err
 		}
+	}
+	return nil
+}
+
+// writeTail writes what follows the storage records: the provenance
+// record, the version and the central directory.
+func (c *Checkpoint) writeTail(z *zipWriter) error {
+	add := func(name string, b []byte) error {
+		_, err := z.add(name, int64(len(b)), bytes.NewReader(b))
+		return err
 	}
 	if c.Provenance != nil {
 		if err := add("archive/"+ProvenanceRecord, c.Provenance); err != nil {
-			return z.off, err
+			return err
 		}
 	}
 	// torch writes "3\n"; its loader reads the leading number.
 	if err := add("archive/version", []byte("3\n")); err != nil {
-		return z.off, err
+		return err
 	}
-	return z.off, z.close()
+	return z.close()
 }
 
 func (c *Checkpoint) copyRecord(z *zipWriter, name string, st *Storage) error {

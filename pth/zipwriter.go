@@ -28,7 +28,8 @@ type zipWriter struct {
 
 type zipEntry struct {
 	name   string
-	off    int64
+	off    int64 // of the local header
+	data   int64 // of the data
 	size   int64
 	crc    uint32
 	zip64  bool // sizes in zip64 form (local extra, 8-byte descriptor)
@@ -182,29 +183,34 @@ func (z *zipWriter) begin(name string, size int64) (zipEntry, error) {
 	if z.off%zipAlign != 0 {
 		return e, fmt.Errorf("zip writer: record %s misaligned at %d", name, z.off)
 	}
+	e.data = z.off
 	return e, nil
 }
 
 // finish writes a record's data descriptor.
 func (z *zipWriter) finish(e zipEntry, crc uint32) error {
 	e.crc = crc
-	le := binary.LittleEndian
-	size := e.size
-	var d []byte
-	d = le.AppendUint32(d, 0x08074b50)
-	d = le.AppendUint32(d, e.crc)
-	if e.zip64 {
-		d = le.AppendUint64(d, uint64(size))
-		d = le.AppendUint64(d, uint64(size))
-	} else {
-		d = le.AppendUint32(d, uint32(size))
-		d = le.AppendUint32(d, uint32(size))
-	}
-	if err := z.write(d); err != nil {
+	if err := z.write(e.descriptor(nil)); err != nil {
 		return err
 	}
 	z.entries = append(z.entries, e)
 	return nil
+}
+
+// descriptor appends the entry's data descriptor to d; it follows the
+// data, and its CRC at byte 4.
+func (e zipEntry) descriptor(d []byte) []byte {
+	le := binary.LittleEndian
+	d = le.AppendUint32(d, 0x08074b50)
+	d = le.AppendUint32(d, e.crc)
+	if e.zip64 {
+		d = le.AppendUint64(d, uint64(e.size))
+		d = le.AppendUint64(d, uint64(e.size))
+	} else {
+		d = le.AppendUint32(d, uint32(e.size))
+		d = le.AppendUint32(d, uint32(e.size))
+	}
+	return d
 }
 
 // onlyWriter hides io.ReaderFrom so that io.CopyBuffer really goes through

@@ -1,0 +1,358 @@
+package pth
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"sync"
+	"sync/atomic"
+
+	"github.com/abnconvert/abnconvert/output"
+)
+
+// Prewrite is a write of the checkpoint started before the conversion has
+// decided what it changes, so that copying the records, most of the time
+// of a conversion, runs on the other core while the conversion reads and
+// rewrites.
+//
+// It works because a conversion changes values, not the layout: the
+// pickle, the record names and sizes stay what they were, so every byte's
+// place in the output is known as soon as the checkpoint is open. The
+// records are copied from the input as they are (CRCs checked on the way,
+// as Write checks them). Finish then makes the plan of the changed
+// checkpoint; where its pickle and layout are the ones the copy used, it
+// hands the copy the negations, which the records it has not yet prepared
+// get on the way, and fills in the rest in place: sign bits flipped
+// through a map of the output, new contents written over the old, and
+// those records' CRCs in their descriptors and in the central directory.
+// Where the layout changed (a changed tensor that shares its storage gets
+// a new record), Finish empties the file and writes it as Write does. In
+// every case the output is byte for byte what Write writes.
+type Prewrite struct {
+	c    *Checkpoint
+	path string
+	f    *output.File
+	plan *writePlan // nil: no early copy (Finish writes it all)
+	pkl  []byte
+	z    *zipWriter
+	late lateFlips
+
+	stop     chan struct{}
+	stopped  bool
+	hold     chan struct{} // holdCopy's, closed by finish
+	rewound  bool          // the layout changed: written again from the start
+	done     chan struct{}
+	err      error // of the copy
+	panicked any   // a panic of the copy, raised again by Finish
+}
+
+// errStopped ends a copy that Prewrite.Stop stopped.
+var errStopped = errors.New("write stopped")
+
+// Prewrite creates the output path in set (see Stage) and starts copying
+// the checkpoint into it on a goroutine of its own. Finish completes it
+// with the changes made meanwhile; Stop, deferred by the caller, ends it
+// on every other path (the set's Abort then removes the file).
+func (c *Checkpoint) Prewrite(set *output.Set, path string) (*Prewrite, error) {
+	if c.stat != nil {
+		set.Protect(c.Path)
+	}
+	f, err := set.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	p := &Prewrite{c: c, path: path, f: f, stop: make(chan struct{}), done: make(chan struct{})}
+	plan, err := c.plan()
+	if err == nil && plan.unchanged() {
+		var pkl []byte
+		if pkl, err = newPickler(plan).dump(c.Root); err == nil {
+			p.plan, p.pkl = plan, pkl
+		}
+	}
+	if p.plan == nil { // Finish writes everything (and meets any error again)
+		close(p.done)
+		return p, nil
+	}
+	p.late.taken = map[*Storage]*Tensor{}
+	p.z = newZipWriter(f)
+	p.hold = holdCopy
+	go p.run()
+	return p, nil
+}
+
+// holdCopy, when set (by tests), makes the copy wait until Finish has
+// published the negations, so that every record gets them on the way.
+var holdCopy chan struct{}
+
+func (p *Prewrite) run() {
+	defer close(p.done)
+	if p.hold != nil {
+		select {
+		case <-p.hold:
+		case <-p.stop:
+		}
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			p.panicked = r
+		}
+	}()
+	p.err = p.c.writeBody(p.z, p.plan, p.pkl, &p.late, p.stop)
+	if p.err == nil {
+		p.err = p.f.Flush()
+	}
+}
+
+// Stop ends the copy, if it still runs, and waits for it. It is a no-op
+// after Finish.
+func (p *Prewrite) Stop() {
+	if !p.stopped {
+		p.stopped = true
+		close(p.stop)
+	}
+	<-p.done
+}
+
+// Finish completes the output with every change made to the checkpoint
+// since Prewrite. Errors name the output.
+func (p *Prewrite) Finish() error {
+	if err := p.finish(); err != nil {
+		return fmt.Errorf("%s: %w", p.path, err)
+	}
+	return nil
+}
+
+func (p *Prewrite) finish() error {
+	c := p.c
+	if p.plan == nil {
+		_, err := c.writeTo(p.f, false)
+		return err
+	}
+	plan, err := c.plan()
+	if err != nil {
+		p.Stop()
+		return err
+	}
+	pkl, err := newPickler(plan).dump(c.Root)
+	if err != nil {
+		p.Stop()
+		return err
+	}
+	same := bytes.Equal(pkl, p.pkl) && sameLayout(p.plan, plan)
+	if same {
+		flips := map[*Storage]*Tensor{}
+		for _, s := range plan.storages {
+			if s.negated != nil {
+				flips[s.src] = s.negated
+			}
+		}
+		p.late.flips.Store(&flips)
+	}
+	if p.hold != nil {
+		close(p.hold)
+	}
+	<-p.done
+	if p.panicked != nil {
+		panic(p.panicked)
+	}
+	if p.err != nil {
+		return p.err
+	}
+	if !same {
+		p.rewound = true
+		if err := p.f.Rewind(); err != nil {
+			return err
+		}
+		_, err := c.writeTo(p.f, false)
+		return err
+	}
+	if err := c.patch(p.f, p.z, plan, p.late.taken); err != nil {
+		return err
+	}
+	return c.writeTail(p.z)
+}
+
+// unchanged reports whether every storage of the plan is its input
+// record, copied as it is.
+func (p *writePlan) unchanged() bool {
+	for _, s := range p.storages {
+		if s.src == nil || s.data != nil || s.stream != nil || s.negated != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// sameLayout reports whether plan b writes the records of plan a (all
+// copies, Prewrite's) under the same names, with the same sizes, in the
+// same order, those it copies from the same input records.
+func sameLayout(a, b *writePlan) bool {
+	if len(a.storages) != len(b.storages) {
+		return false
+	}
+	for i, s := range b.storages {
+		r := a.storages[i]
+		if s.key != r.key || s.length() != r.length() {
+			return false
+		}
+		if s.data == nil && s.stream == nil && s.src != r.src {
+			return false
+		}
+	}
+	return true
+}
+
+// length is the byte length of the storage's record.
+func (s *outStorage) length() int64 {
+	switch {
+	case s.data != nil:
+		return int64(len(s.data))
+	case s.stream != nil:
+		return s.size
+	}
+	return s.src.rec.size
+}
+
+// lateFlips hands a copy that started before they were known the
+// negations of the records it copies (Prewrite): none until published.
+// take is called as a record's copy is prepared, and notes the records
+// that got theirs on the way.
+type lateFlips struct {
+	flips atomic.Pointer[map[*Storage]*Tensor]
+	mu    sync.Mutex
+	taken map[*Storage]*Tensor
+}
+
+func (l *lateFlips) take(st *Storage) *Tensor {
+	m := l.flips.Load()
+	if m == nil {
+		return nil
+	}
+	t := (*m)[st]
+	if t != nil {
+		l.mu.Lock()
+		l.taken[st] = t
+		l.mu.Unlock()
+	}
+	return t
+}
+
+// patch fills in, in the copy z made of every record as it was, what plan
+// changes: new contents, streamed contents, and the negations the copy
+// did not apply on the way (taken lists those it did), with each changed
+// record's CRC, in its descriptor and in z's entries (the central
+// directory is written after). The edits, in file order, go through
+// windows of a shared map of the output (edits).
+func (c *Checkpoint) patch(f *output.File, z *zipWriter, plan *writePlan, taken map[*Storage]*Tensor) error {
+	const first = 2 // data.pkl and byteorder come first
+	if len(z.entries) != first+len(plan.storages) {
+		return fmt.Errorf("early copy wrote %d records where the plan has %d", len(z.entries)-first, len(plan.storages))
+	}
+	var ed edits
+	for i, s := range plan.storages {
+		e := &z.entries[first+i]
+		if e.name != "archive/data/"+s.key {
+			return fmt.Errorf("early copy wrote %s where the plan has storage %s", e.name, s.key)
+		}
+		switch {
+		case s.data != nil:
+			data := s.data
+			e.crc = crc32.ChecksumIEEE(data)
+			ed.add(e.data, e.size, func(b []byte, pos int64) { copy(b, data[pos:]) })
+		case s.stream != nil:
+			// Streamed contents (a checkpoint built from another format)
+			// are written where they go, as they come.
+			if err := f.Flush(); err != nil {
+				return err
+			}
+			h := crc32.NewIEEE()
+			cw := &countingWriter{w: io.MultiWriter(io.NewOffsetWriter(f, e.data), h)}
+			if err := s.stream(cw); err != nil {
+				return fmt.Errorf("writing %s: %w", e.name, err)
+			}
+			if cw.n != e.size {
+				return fmt.Errorf("writing %s: %d bytes written where the tensor has %d", e.name, cw.n, e.size)
+			}
+			e.crc = h.Sum32()
+		case s.negated != nil && taken[s.src] != s.negated:
+			t := s.negated
+			l, _ := layoutOf(t)
+			at := e.data
+			l.Runs(t.negate, 0, e.size, func(a, end int64) {
+				ed.add(at+a, end-a, func(b []byte, pos int64) { l.Apply(t.negate, a+pos, b) })
+			})
+			e.crc ^= l.CRCDelta(t.negate, 0, e.size)
+		default:
+			continue // as copied
+		}
+		crc := e.descriptor(nil)[4:8]
+		ed.add(e.data+e.size+4, 4, func(b []byte, pos int64) { copy(b, crc[pos:]) })
+	}
+	if err := ed.apply(f); err != nil {
+		return fmt.Errorf("writing %s: %w", plan.storages[0].key, err)
+	}
+	return nil
+}
+
+// edits are changes to bytes of a file already written, in increasing
+// order of offset: each calls fn(b, pos) on the bytes [off+pos,
+// off+pos+len(b)) of its range, once or in several pieces.
+type edits []edit
+
+type edit struct {
+	off, n int64
+	fn     func(b []byte, pos int64)
+}
+
+func (ed *edits) add(off, n int64, fn func([]byte, int64)) {
+	*ed = append(*ed, edit{off, n, fn})
+}
+
+// editGap is the most bytes between two edits that one read and write of
+// the file spans rather than making them apart: a system call costs about
+// what copying a few KB does.
+const editGap = 4 << 10
+
+// apply makes the edits, a span of neighbouring ones at a time: the span
+// read from f into a buffer, edited, written back. Not through a shared
+// map: on ext4 a write fault costs several microseconds a page (the file
+// system is told of every page made writable), more than copying it.
+func (ed edits) apply(f *output.File) error {
+	if len(ed) == 0 {
+		return nil
+	}
+	if err := f.Flush(); err != nil {
+		return err
+	}
+	buf := make([]byte, editSpan)
+	for i, done := 0, int64(0); i < len(ed); {
+		lo := ed[i].off + done
+		hi := min(lo+editSpan, ed[i].off+ed[i].n)
+		for j := i + 1; j < len(ed) && ed[j].off <= hi+editGap && ed[j].off < lo+editSpan; j++ {
+			hi = max(hi, min(lo+editSpan, ed[j].off+ed[j].n))
+		}
+		w := buf[:hi-lo]
+		if _, err := f.ReadAt(w, lo); err != nil {
+			return err
+		}
+		for i < len(ed) && ed[i].off+done < hi {
+			e := ed[i]
+			a, b := e.off+done, min(e.off+e.n, hi)
+			e.fn(w[a-lo:b-lo], a-e.off)
+			if b == e.off+e.n {
+				i, done = i+1, 0
+			} else {
+				done = b - e.off
+			}
+		}
+		if _, err := f.WriteAt(w, lo); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// editSpan is the most bytes apply reads and writes back at a time.
+var editSpan int64 = 1 << 20
