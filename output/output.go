@@ -449,10 +449,6 @@ func (f *File) ReadAt(p []byte, off int64) (int, error) {
 	return n, nil
 }
 
-// Fd is the temporary file's descriptor, for a writer that changes bytes
-// already written in place through a shared map (Flush first).
-func (f *File) Fd() uintptr { return f.f.Fd() }
-
 // Rewind empties the file and starts appending again from its first byte,
 // for a writer whose early start turned out to lay the file out wrong.
 func (f *File) Rewind() error {

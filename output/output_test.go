@@ -284,3 +284,55 @@ func TestWriteVec(t *testing.T) {
 		t.Fatalf("file holds %d bytes, want %d (first difference matters)", len(got), len(want))
 	}
 }
+
+// TestEditInPlace: bytes appended, flushed, read back, overwritten at an
+// offset (WriteAt) while appending goes on where it was; Rewind empties
+// the file and appends from its first byte again.
+func TestEditInPlace(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "e.bin")
+	s := New(Options{})
+	defer s.Abort()
+	f, err := s.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write([]byte("0123456789")); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	b := make([]byte, 3)
+	if _, err := f.ReadAt(b, 2); err != nil || string(b) != "234" {
+		t.Fatalf("ReadAt: %q, %v; want \"234\"", b, err)
+	}
+	if _, err := f.WriteAt([]byte("ab"), 4); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write([]byte("xyz")); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	b = make([]byte, 13)
+	if _, err := f.ReadAt(b, 0); err != nil || string(b) != "0123ab6789xyz" {
+		t.Fatalf("after WriteAt and Write: %q, %v; want \"0123ab6789xyz\"", b, err)
+	}
+	if _, err := f.Write([]byte("unflushed")); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Rewind(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write([]byte("new")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(p); err != nil || string(got) != "new" {
+		t.Fatalf("after Rewind: %q, %v; want \"new\"", got, err)
+	}
+}

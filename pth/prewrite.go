@@ -35,9 +35,13 @@ type Prewrite struct {
 	path string
 	f    *output.File
 	plan *writePlan // nil: no early copy (Finish writes it all)
-	pkl  []byte
-	z    *zipWriter
-	late lateFlips
+	// pkl is plan's pickle, made by the copy first (pklErr its error);
+	// pklReady is closed once it is.
+	pkl      []byte
+	pklErr   error
+	pklReady chan struct{}
+	z        *zipWriter
+	late     lateFlips
 
 	stop     chan struct{}
 	stopped  bool
@@ -65,16 +69,12 @@ func (c *Checkpoint) Prewrite(set *output.Set, path string) (*Prewrite, error) {
 	}
 	p := &Prewrite{c: c, path: path, f: f, stop: make(chan struct{}), done: make(chan struct{})}
 	plan, err := c.plan()
-	if err == nil && plan.unchanged() {
-		var pkl []byte
-		if pkl, err = newPickler(plan).dump(c.Root); err == nil {
-			p.plan, p.pkl = plan, pkl
-		}
-	}
-	if p.plan == nil { // Finish writes everything (and meets any error again)
+	if err != nil || !plan.unchanged() { // Finish writes everything (and meets any error again)
 		close(p.done)
 		return p, nil
 	}
+	p.plan = plan
+	p.pklReady = make(chan struct{})
 	p.late.taken = map[*Storage]*Tensor{}
 	p.z = newZipWriter(f)
 	p.hold = holdCopy
@@ -88,17 +88,25 @@ var holdCopy chan struct{}
 
 func (p *Prewrite) run() {
 	defer close(p.done)
+	defer func() {
+		if r := recover(); r != nil {
+			p.panicked = r
+		}
+	}()
+	// The pickle too is made here, off the conversion's core: the
+	// conversion changes tensors' values, never the tree the pickler
+	// reads.
+	p.pkl, p.pklErr = newPickler(p.plan).dump(p.c.Root)
+	close(p.pklReady)
+	if p.err = p.pklErr; p.err != nil {
+		return
+	}
 	if p.hold != nil {
 		select {
 		case <-p.hold:
 		case <-p.stop:
 		}
 	}
-	defer func() {
-		if r := recover(); r != nil {
-			p.panicked = r
-		}
-	}()
 	p.err = p.c.writeBody(p.z, p.plan, p.pkl, &p.late, p.stop)
 	if p.err == nil {
 		p.err = p.f.Flush()
@@ -140,7 +148,10 @@ func (p *Prewrite) finish() error {
 		p.Stop()
 		return err
 	}
-	same := bytes.Equal(pkl, p.pkl) && sameLayout(p.plan, plan)
+	// p.pkl is the copy's, made first: waiting for it is waiting for the
+	// copy's first write at most.
+	<-p.pklReady
+	same := p.pklErr == nil && bytes.Equal(pkl, p.pkl) && sameLayout(p.plan, plan)
 	if same {
 		flips := map[*Storage]*Tensor{}
 		for _, s := range plan.storages {
