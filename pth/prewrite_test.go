@@ -44,9 +44,10 @@ func changeSome(t *testing.T, c *Checkpoint) {
 // change the layout (written again).
 func TestPrewriteSameBytes(t *testing.T) {
 	files := []string{"dtypes.pth", "views.pth", "shared.pth", "convbn_zip.pth", "nested.pth", "adam.pth", "dtypes_legacy.pth"}
-	defer func(buf, span int64) {
-		mapCopy, batchCopy, batchBuf, editSpan, holdCopy = true, true, buf, span, nil
-	}(batchBuf, editSpan)
+	defer func(buf, span int64, share float64) {
+		mapCopy, batchCopy, batchBuf, editSpan, holdCopy, prewriteShare = true, true, buf, span, nil, share
+	}(batchBuf, editSpan, prewriteShare)
+	prewriteShare = 0 // early in every mode
 	var taken, patched, rewound int
 	for _, name := range files {
 		path := filepath.Join("testdata", name)
@@ -110,6 +111,7 @@ func TestPrewriteSameBytes(t *testing.T) {
 					}
 					switch {
 					case p.plan == nil:
+						t.Errorf("no early copy")
 					case p.rewound:
 						rewound++
 					case len(p.late.taken) > 0:
@@ -182,4 +184,26 @@ func TestPrewriteCorruptRecord(t *testing.T) {
 	p.Stop()
 	set.Abort()
 	assertOnly(t, dir, "in.pth")
+}
+
+// TestWorthPrewriting: the early copy is chosen by the share of bytes in
+// mapped records: all of a fixture's when every record is mapped (the
+// tests' mapMin), none when records under 1 MiB are not (the default).
+func TestWorthPrewriting(t *testing.T) {
+	c := openFixture(t, "convbn_zip")
+
+	plan, err := c.plan()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func(m int64) { mapMin = m }(mapMin)
+	for _, tc := range []struct {
+		mapMin int64
+		want   bool
+	}{{1, true}, {1 << 20, false}} {
+		mapMin = tc.mapMin
+		if got := c.worthPrewriting(plan); got != tc.want {
+			t.Errorf("mapMin %d: worthPrewriting = %v, want %v", tc.mapMin, got, tc.want)
+		}
+	}
 }
