@@ -426,22 +426,21 @@ func (f *File) Flush() error {
 // position where appending goes on unchanged: a writer that laid a file
 // out ahead of knowing some of its contents fills them in (package pth's
 // Prewrite). Call Flush first.
+//
+// It may run beside Write on another goroutine (on bytes Write no longer
+// buffers), so it leaves the file's error alone: the caller fails the
+// output with the error it returns.
 func (f *File) WriteAt(p []byte, off int64) (int, error) {
-	if f.err != nil {
-		return 0, f.err
-	}
 	n, err := f.f.WriteAt(p, off)
 	if err != nil {
-		f.err = cause(err)
+		return n, cause(err)
 	}
-	return n, f.err
+	return n, nil
 }
 
-// ReadAt reads bytes the file already holds (Flush first).
+// ReadAt reads bytes the file already holds (Flush first); like WriteAt,
+// it may run beside Write.
 func (f *File) ReadAt(p []byte, off int64) (int, error) {
-	if f.err != nil {
-		return 0, f.err
-	}
 	n, err := f.f.ReadAt(p, off)
 	if err != nil {
 		return n, cause(err)

@@ -43,13 +43,16 @@ type Prewrite struct {
 	z        *zipWriter
 	late     lateFlips
 
-	stop     chan struct{}
-	stopped  bool
-	hold     chan struct{} // holdCopy's, closed by finish
-	rewound  bool          // the layout changed: written again from the start
-	done     chan struct{}
-	err      error // of the copy
-	panicked any   // a panic of the copy, raised again by Finish
+	stop    chan struct{}
+	stopped bool
+	hold    chan struct{} // holdCopy's, closed by finish
+	rewound bool          // the layout changed: written again from the start
+	// editedMidway counts the records edited while the copy went on.
+	editedMidway int
+	released     bool // holdCopyAt's hold
+	done         chan struct{}
+	err          error // of the copy
+	panicked     any   // a panic of the copy, raised again by Finish
 }
 
 // errStopped ends a copy that Prewrite.Stop stopped.
@@ -76,8 +79,12 @@ func (c *Checkpoint) Prewrite(set *output.Set, path string) (*Prewrite, error) {
 	p.plan = plan
 	p.pklReady = make(chan struct{})
 	p.late.taken = map[*Storage]*Tensor{}
+	p.late.wake = make(chan struct{}, 1)
 	p.z = newZipWriter(f)
 	p.hold = holdCopy
+	if holdCopyAt > 0 {
+		p.late.hold, p.late.holdAt = make(chan struct{}), holdCopyAt
+	}
 	go p.run()
 	return p, nil
 }
@@ -85,6 +92,11 @@ func (c *Checkpoint) Prewrite(set *output.Set, path string) (*Prewrite, error) {
 // holdCopy, when set (by tests), makes the copy wait until Finish has
 // published the negations, so that every record gets them on the way.
 var holdCopy chan struct{}
+
+// holdCopyAt, when above 0 (tests), makes the copy wait once it has
+// written that many records, so that Finish edits those while the copy
+// goes on with the rest, taking the negations on the way.
+var holdCopyAt int
 
 func (p *Prewrite) run() {
 	defer close(p.done)
@@ -164,14 +176,18 @@ func (p *Prewrite) finish() error {
 	if p.hold != nil {
 		close(p.hold)
 	}
-	<-p.done
-	if p.panicked != nil {
-		panic(p.panicked)
-	}
-	if p.err != nil {
-		return p.err
+	release := func() { // holdCopyAt's hold, once edits have been made beside it
+		if p.late.hold != nil && !p.released {
+			p.released = true
+			close(p.late.hold)
+		}
 	}
 	if !same {
+		release()
+		<-p.done
+		if err := p.failed(); err != nil {
+			return err
+		}
 		p.rewound = true
 		if err := p.f.Rewind(); err != nil {
 			return err
@@ -179,10 +195,70 @@ func (p *Prewrite) finish() error {
 		_, err := c.writeTo(p.f, false)
 		return err
 	}
-	if err := c.patch(p.f, p.z, plan, p.late.taken); err != nil {
-		return err
+	// The records the copy has written get their edits here, on this
+	// core, while the copy goes on with the next on the other.
+	const first = 2 // data.pkl and byteorder come first
+	crcs := map[int]uint32{}
+	n := 0
+	copied := false // the copy has ended
+	edit := func() error {
+		for _, e := range p.late.written() {
+			i := n
+			n++
+			if i < first {
+				continue
+			}
+			if i-first >= len(plan.storages) || e.name != "archive/data/"+plan.storages[i-first].key {
+				return fmt.Errorf("early copy wrote %s where the plan has no such record", e.name)
+			}
+			s := plan.storages[i-first]
+			changed, err := patchRecord(p.f, &e, s, p.late.took(s.src))
+			if err != nil {
+				return err
+			}
+			if changed {
+				crcs[i] = e.crc
+				if !copied {
+					p.editedMidway++
+				}
+			}
+		}
+		return nil
+	}
+	for !copied {
+		select {
+		case <-p.late.wake:
+		case <-p.done:
+			copied = true
+		}
+		if err := p.failed(); err != nil {
+			return err
+		}
+		if err := edit(); err != nil {
+			return err
+		}
+		release()
+	}
+	if n != len(p.z.entries) || n != first+len(plan.storages) {
+		return fmt.Errorf("early copy wrote %d records where the plan has %d", n-first, len(plan.storages))
+	}
+	for i, crc := range crcs {
+		p.z.entries[i].crc = crc
 	}
 	return c.writeTail(p.z)
+}
+
+// failed is the copy's error, once it has ended (a panic raised again).
+func (p *Prewrite) failed() error {
+	select {
+	case <-p.done:
+	default:
+		return nil
+	}
+	if p.panicked != nil {
+		panic(p.panicked)
+	}
+	return p.err
 }
 
 // worthPrewriting reports whether most of the plan's bytes are in records
@@ -259,6 +335,62 @@ type lateFlips struct {
 	flips atomic.Pointer[map[*Storage]*Tensor]
 	mu    sync.Mutex
 	taken map[*Storage]*Tensor
+
+	// The records the copy has written and flushed (wrote), for Finish
+	// to edit while the copy goes on; wake tells it of more.
+	qmu    sync.Mutex
+	queued []zipEntry
+	sent   int // entries handed over (the copy's own count)
+	wake   chan struct{}
+
+	// hold, when set (holdCopyAt, by tests), stops the copy once it has
+	// written holdAt entries until Finish has published the negations.
+	hold   chan struct{}
+	holdAt int
+	held   bool // the copy's: it has waited
+}
+
+// took is the tensor whose negations the copy applied to st's record on
+// the way (nil: none), final once the record is written.
+func (l *lateFlips) took(st *Storage) *Tensor {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.taken[st]
+}
+
+// wrote flushes what the copy z has written and hands its new entries
+// over to Finish.
+func (l *lateFlips) wrote(z *zipWriter, stop <-chan struct{}) error {
+	if f, ok := z.w.(interface{ Flush() error }); ok {
+		if err := f.Flush(); err != nil {
+			return err
+		}
+	}
+	l.qmu.Lock()
+	l.queued = append(l.queued, z.entries[l.sent:]...)
+	l.qmu.Unlock()
+	l.sent = len(z.entries)
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
+	if l.hold != nil && !l.held && l.sent >= l.holdAt {
+		select { // a test's: Finish closes it
+		case <-l.hold:
+		case <-stop:
+		}
+		l.held = true
+	}
+	return nil
+}
+
+// written takes the entries handed over since the last call.
+func (l *lateFlips) written() []zipEntry {
+	l.qmu.Lock()
+	defer l.qmu.Unlock()
+	q := l.queued
+	l.queued = nil
+	return q
 }
 
 func (l *lateFlips) take(st *Storage) *Tensor {
@@ -275,61 +407,47 @@ func (l *lateFlips) take(st *Storage) *Tensor {
 	return t
 }
 
-// patch fills in, in the copy z made of every record as it was, what plan
-// changes: new contents, streamed contents, and the negations the copy
-// did not apply on the way (taken lists those it did), with each changed
-// record's CRC, in its descriptor and in z's entries (the central
-// directory is written after). The edits, in file order, go through
-// windows of a shared map of the output (edits).
-func (c *Checkpoint) patch(f *output.File, z *zipWriter, plan *writePlan, taken map[*Storage]*Tensor) error {
-	const first = 2 // data.pkl and byteorder come first
-	if len(z.entries) != first+len(plan.storages) {
-		return fmt.Errorf("early copy wrote %d records where the plan has %d", len(z.entries)-first, len(plan.storages))
-	}
+// patchRecord fills in, in the copy of a record as it was that the output
+// holds at e, what s changes: new contents, streamed contents, or the
+// negations the copy did not apply on the way (taken: those it did), and
+// the record's CRC in its descriptor and in e (the central directory is
+// written after). It reports whether the record changed.
+func patchRecord(f *output.File, e *zipEntry, s *outStorage, taken *Tensor) (bool, error) {
 	var ed edits
-	for i, s := range plan.storages {
-		e := &z.entries[first+i]
-		if e.name != "archive/data/"+s.key {
-			return fmt.Errorf("early copy wrote %s where the plan has storage %s", e.name, s.key)
+	switch {
+	case s.data != nil:
+		data := s.data
+		e.crc = crc32.ChecksumIEEE(data)
+		ed.add(e.data, e.size, func(b []byte, pos int64) { copy(b, data[pos:]) })
+	case s.stream != nil:
+		// Streamed contents (a checkpoint built from another format)
+		// are written where they go, as they come.
+		h := crc32.NewIEEE()
+		cw := &countingWriter{w: io.MultiWriter(io.NewOffsetWriter(f, e.data), h)}
+		if err := s.stream(cw); err != nil {
+			return false, fmt.Errorf("writing %s: %w", e.name, err)
 		}
-		switch {
-		case s.data != nil:
-			data := s.data
-			e.crc = crc32.ChecksumIEEE(data)
-			ed.add(e.data, e.size, func(b []byte, pos int64) { copy(b, data[pos:]) })
-		case s.stream != nil:
-			// Streamed contents (a checkpoint built from another format)
-			// are written where they go, as they come.
-			if err := f.Flush(); err != nil {
-				return err
-			}
-			h := crc32.NewIEEE()
-			cw := &countingWriter{w: io.MultiWriter(io.NewOffsetWriter(f, e.data), h)}
-			if err := s.stream(cw); err != nil {
-				return fmt.Errorf("writing %s: %w", e.name, err)
-			}
-			if cw.n != e.size {
-				return fmt.Errorf("writing %s: %d bytes written where the tensor has %d", e.name, cw.n, e.size)
-			}
-			e.crc = h.Sum32()
-		case s.negated != nil && taken[s.src] != s.negated:
-			t := s.negated
-			l, _ := layoutOf(t)
-			at := e.data
-			l.Runs(t.negate, 0, e.size, func(a, end int64) {
-				ed.add(at+a, end-a, func(b []byte, pos int64) { l.Apply(t.negate, a+pos, b) })
-			})
-			e.crc ^= l.CRCDelta(t.negate, 0, e.size)
-		default:
-			continue // as copied
+		if cw.n != e.size {
+			return false, fmt.Errorf("writing %s: %d bytes written where the tensor has %d", e.name, cw.n, e.size)
 		}
-		crc := e.descriptor(nil)[4:8]
-		ed.add(e.data+e.size+4, 4, func(b []byte, pos int64) { copy(b, crc[pos:]) })
+		e.crc = h.Sum32()
+	case s.negated != nil && taken != s.negated:
+		t := s.negated
+		l, _ := layoutOf(t)
+		at := e.data
+		l.Runs(t.negate, 0, e.size, func(a, end int64) {
+			ed.add(at+a, end-a, func(b []byte, pos int64) { l.Apply(t.negate, a+pos, b) })
+		})
+		e.crc ^= l.CRCDelta(t.negate, 0, e.size)
+	default:
+		return false, nil // as copied
 	}
+	crc := e.descriptor(nil)[4:8]
+	ed.add(e.data+e.size+4, 4, func(b []byte, pos int64) { copy(b, crc[pos:]) })
 	if err := ed.apply(f); err != nil {
-		return fmt.Errorf("writing %s: %w", plan.storages[0].key, err)
+		return false, fmt.Errorf("writing %s: %w", e.name, err)
 	}
-	return nil
+	return true, nil
 }
 
 // edits are changes to bytes of a file already written, in increasing
@@ -352,17 +470,15 @@ func (ed *edits) add(off, n int64, fn func([]byte, int64)) {
 const editGap = 4 << 10
 
 // apply makes the edits, a span of neighbouring ones at a time: the span
-// read from f into a buffer, edited, written back. Not through a shared
+// read from f into a buffer, edited, written back. The bytes must be in
+// the file (flushed), not in its buffer. Not through a shared
 // map: on ext4 a write fault costs several microseconds a page (the file
 // system is told of every page made writable), more than copying it.
 func (ed edits) apply(f *output.File) error {
 	if len(ed) == 0 {
 		return nil
 	}
-	if err := f.Flush(); err != nil {
-		return err
-	}
-	buf := make([]byte, editSpan)
+	buf := make([]byte, min(editSpan, ed[len(ed)-1].off+ed[len(ed)-1].n-ed[0].off))
 	for i, done := 0, int64(0); i < len(ed); {
 		lo := ed[i].off + done
 		hi := min(lo+editSpan, ed[i].off+ed[i].n)

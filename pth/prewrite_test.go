@@ -45,10 +45,10 @@ func changeSome(t *testing.T, c *Checkpoint) {
 func TestPrewriteSameBytes(t *testing.T) {
 	files := []string{"dtypes.pth", "views.pth", "shared.pth", "convbn_zip.pth", "nested.pth", "adam.pth", "dtypes_legacy.pth"}
 	defer func(buf, span int64, share float64) {
-		mapCopy, batchCopy, batchBuf, editSpan, holdCopy, prewriteShare = true, true, buf, span, nil, share
+		mapCopy, batchCopy, batchBuf, editSpan, holdCopy, holdCopyAt, prewriteShare = true, true, buf, span, nil, 0, share
 	}(batchBuf, editSpan, prewriteShare)
 	prewriteShare = 0 // early in every mode
-	var taken, patched, rewound int
+	var taken, patched, rewound, midway int
 	for _, name := range files {
 		path := filepath.Join("testdata", name)
 		ref, err := Open(path)
@@ -71,12 +71,16 @@ func TestPrewriteSameBytes(t *testing.T) {
 			{"batched in 1 KiB groups, 100-byte edit spans", false, true, 1 << 10, 100},
 			{"one by one", false, false, batchBuf, editSpan},
 		} {
-			for _, early := range []bool{false, true} {
-				t.Run(name+"/"+mode.name+map[bool]string{false: "/copy done first", true: "/negations first"}[early], func(t *testing.T) {
+			for _, when := range []string{"copy done first", "negations first", "negations midway"} {
+				early := when == "negations first"
+				t.Run(name+"/"+mode.name+"/"+when, func(t *testing.T) {
 					mapCopy, batchCopy, batchBuf, editSpan = mode.mapped, mode.batched, mode.buf, mode.span
-					holdCopy = nil
+					holdCopy, holdCopyAt = nil, 0
 					if early {
 						holdCopy = make(chan struct{})
+					}
+					if when == "negations midway" {
+						holdCopyAt = 5
 					}
 					c, err := Open(path)
 					if err != nil {
@@ -92,7 +96,7 @@ func TestPrewriteSameBytes(t *testing.T) {
 						t.Fatal(err)
 					}
 					defer p.Stop()
-					if !early {
+					if when == "copy done first" {
 						<-p.done
 					}
 					changeSome(t, c)
@@ -116,19 +120,22 @@ func TestPrewriteSameBytes(t *testing.T) {
 						rewound++
 					case len(p.late.taken) > 0:
 						taken++
-						if !early {
+						if when == "copy done first" {
 							t.Errorf("%d records took negations published after the copy ended", len(p.late.taken))
 						}
 					default:
 						patched++
+					}
+					if when == "negations midway" && p.plan != nil && !p.rewound && p.editedMidway > 0 {
+						midway++
 					}
 				})
 			}
 		}
 	}
 	// Each path was taken somewhere, or the test checks less than it says.
-	if taken == 0 || patched == 0 || rewound == 0 {
-		t.Errorf("paths taken: negations on the way %d, filled in afterwards %d, rewritten %d: want each", taken, patched, rewound)
+	if taken == 0 || patched == 0 || rewound == 0 || midway == 0 {
+		t.Errorf("paths taken: negations on the way %d, filled in afterwards %d, rewritten %d, edits while the copy went on %d: want each", taken, patched, rewound, midway)
 	}
 }
 

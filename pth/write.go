@@ -273,6 +273,11 @@ func (c *Checkpoint) writeBody(z *zipWriter, plan *writePlan, pkl []byte, late *
 			return errStopped
 		default:
 		}
+		if late != nil {
+			if err := late.wrote(z, stop); err != nil {
+				return err
+			}
+		}
 		if step.run != nil {
 			if err := c.copyBatch(z, step.run, bt); err != nil {
 				return err
@@ -312,6 +317,9 @@ func (c *Checkpoint) writeBody(z *zipWriter, plan *writePlan, pkl []byte, late *
 		if err := c.copyRecord(z, name, s.src); err != nil {
 			return err
 		}
+	}
+	if late != nil {
+		return late.wrote(z, stop)
 	}
 	return nil
 }
