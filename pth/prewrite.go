@@ -24,9 +24,10 @@ import (
 // as Write checks them). Finish then makes the plan of the changed
 // checkpoint; where its pickle and layout are the ones the copy used, it
 // hands the copy the negations, which the records it has not yet prepared
-// get on the way, and fills in the rest in place: sign bits flipped
-// through a map of the output, new contents written over the old, and
-// those records' CRCs in their descriptors and in the central directory.
+// get on the way, and fills in the rest in place, on its own core while
+// the copy goes on: the flipped channel runs read back and written over,
+// new contents written over the old, and those records' CRCs in their
+// descriptors and in the central directory.
 // Where the layout changed (a changed tensor that shares its storage gets
 // a new record), Finish empties the file and writes it as Write does. In
 // every case the output is byte for byte what Write writes.
@@ -162,7 +163,13 @@ func (p *Prewrite) finish() error {
 	}
 	// p.pkl is the copy's, made first: waiting for it is waiting for the
 	// copy's first write at most.
-	<-p.pklReady
+	select { // a panic of the copy's pickler ends it before pklReady
+	case <-p.pklReady:
+	case <-p.done:
+		if err := p.failed(); err != nil {
+			return err
+		}
+	}
 	same := p.pklErr == nil && bytes.Equal(pkl, p.pkl) && sameLayout(p.plan, plan)
 	if same {
 		flips := map[*Storage]*Tensor{}
