@@ -1,0 +1,119 @@
+package pth
+
+import (
+	"archive/zip"
+	"bytes"
+	"fmt"
+	"math/rand"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// checkRecords finds each record's data offset through headerReader's
+// read-ahead window; they must be the offsets archive/zip finds reading
+// each local header from the file, on an archive of runs of small records
+// between large ones, with extra fields of varying length (which move the
+// data) and compressed records.
+func TestRecordOffsetsThroughWindow(t *testing.T) {
+	rng := rand.New(rand.NewSource(1))
+	var buf bytes.Buffer
+	zw := zip.NewWriter(&buf)
+	for i := 0; i < 300; i++ {
+		size := rng.Intn(4 << 10)
+		if i%7 == 0 {
+			size = 20<<10 + rng.Intn(100<<10) // a large record: read alone
+		}
+		method := zip.Store
+		if i%11 == 0 {
+			method = zip.Deflate
+		}
+		h := &zip.FileHeader{Name: fmt.Sprintf("archive/data/%d", i), Method: method}
+		h.Extra = make([]byte, 4+rng.Intn(60)) // an unknown extra field, as torch pads
+		h.Extra[0], h.Extra[1] = 0x34, 0x12
+		h.Extra[2] = byte(len(h.Extra) - 4)
+		w, err := zw.CreateHeader(h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		data := make([]byte, size)
+		rng.Read(data)
+		if _, err := w.Write(data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "many.zip")
+	if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	size := int64(buf.Len())
+	hr := &headerReader{f: f, size: size}
+	z, err := zip.NewReader(hr, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	offsets, err := checkRecords(z, size, hr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hr.win != nil || hr.ahead != 0 {
+		t.Errorf("checkRecords left the window set (%d bytes, ahead %d)", len(hr.win), hr.ahead)
+	}
+	plain, err := zip.NewReader(bytes.NewReader(buf.Bytes()), size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(offsets) != len(plain.File) {
+		t.Fatalf("%d offsets for %d records", len(offsets), len(plain.File))
+	}
+	for i, zf := range plain.File {
+		want, err := zf.DataOffset()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := offsets[z.File[i]]; got != want {
+			t.Errorf("%s: data offset %d, want %d", zf.Name, got, want)
+		}
+	}
+}
+
+// headerReader returns the file's bytes whether a read is served from the
+// window or not, including reads that straddle its end and reads at the
+// end of the file.
+func TestHeaderReaderBytes(t *testing.T) {
+	data := make([]byte, 200<<10)
+	rand.New(rand.NewSource(2)).Read(data)
+	path := filepath.Join(t.TempDir(), "f")
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	hr := &headerReader{f: f, size: int64(len(data))}
+	rng := rand.New(rand.NewSource(3))
+	for i := 0; i < 5000; i++ {
+		hr.ahead = rng.Intn(70 << 10)
+		n := 1 + rng.Intn(maxHeaderRead+8)
+		off := int64(rng.Intn(len(data) + 10))
+		p := make([]byte, n)
+		got, err := hr.ReadAt(p, off)
+		want, werr := f.ReadAt(make([]byte, n), off)
+		if got != want || (err == nil) != (werr == nil) {
+			t.Fatalf("ReadAt(%d bytes at %d) = %d, %v; the file gives %d, %v", n, off, got, err, want, werr)
+		}
+		if off < int64(len(data)) && !bytes.Equal(p[:got], data[off:off+int64(got)]) {
+			t.Fatalf("ReadAt(%d bytes at %d): bytes differ from the file's", n, off)
+		}
+	}
+}
