@@ -4,6 +4,7 @@ import (
 	"archive/zip"
 	"bytes"
 	"fmt"
+	"math"
 	"math/rand"
 	"os"
 	"path/filepath"
@@ -115,5 +116,59 @@ func TestHeaderReaderBytes(t *testing.T) {
 		if off < int64(len(data)) && !bytes.Equal(p[:got], data[off:off+int64(got)]) {
 			t.Fatalf("ReadAt(%d bytes at %d): bytes differ from the file's", n, off)
 		}
+	}
+}
+
+// AppendValues appends exactly what Values returns, after what dst holds,
+// for every tensor of the fixtures (every dtype, strided and offset views,
+// legacy files), and after SetValues and NegateChannels too.
+func TestAppendValuesMatchesValues(t *testing.T) {
+	prefix := []float64{7, -7}
+	check := func(c *Checkpoint, name string) {
+		t.Helper()
+		for _, k := range c.Keys() {
+			want, werr := c.Values(k)
+			got, gerr := c.AppendValues(append(make([]float64, 0, 1), prefix...), k)
+			if (werr == nil) != (gerr == nil) {
+				t.Fatalf("%s %s: Values error %v, AppendValues error %v", name, k, werr, gerr)
+			}
+			if werr != nil {
+				if len(got) != len(prefix) {
+					t.Errorf("%s %s: AppendValues changed dst on error", name, k)
+				}
+				continue
+			}
+			if len(got) != len(prefix)+len(want) || got[0] != prefix[0] || got[1] != prefix[1] {
+				t.Fatalf("%s %s: %d values after the prefix, want %d", name, k, len(got)-len(prefix), len(want))
+			}
+			for i, w := range want {
+				if g := got[len(prefix)+i]; math.Float64bits(g) != math.Float64bits(w) && !(g != g && w != w) {
+					t.Fatalf("%s %s[%d]: %v, Values says %v", name, k, i, g, w)
+				}
+			}
+		}
+	}
+	for _, name := range []string{"dtypes", "dtypes_legacy", "views", "views_legacy", "convbn_zip", "shared"} {
+		c := openFixture(t, name)
+		check(c, name)
+		for i, k := range c.Keys() {
+			shape, _ := c.Shape(k)
+			if len(shape) == 0 || shape[0] == 0 || !isFloat(c.state.vals[c.state.strs[k]].(*Tensor).DType()) {
+				continue
+			}
+			if i%2 == 0 {
+				if _, err := c.NegateChannels(k, []int{0}); err != nil {
+					t.Fatal(err)
+				}
+			} else if v, err := c.Values(k); err == nil {
+				for j := range v {
+					v[j] += 1
+				}
+				if err := c.SetValues(k, v); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		check(c, name+" changed")
 	}
 }
