@@ -8,6 +8,8 @@ import (
 	"math/rand"
 	"os"
 	"path/filepath"
+	"sort"
+	"strings"
 	"testing"
 )
 
@@ -170,5 +172,69 @@ func TestAppendValuesMatchesValues(t *testing.T) {
 			}
 		}
 		check(c, name+" changed")
+	}
+}
+
+// readWhole reads a run of small stored records with one read; each
+// record's bytes are still the file's, and each is still checked against
+// its own CRC-32 on its first read: a corrupt record read ahead with a
+// sound one is refused when it is read, and the sound one is not.
+func TestReadAheadKeepsEachRecordsCRC(t *testing.T) {
+	orig, err := os.ReadFile(filepath.Join("testdata", "convbn_zip.pth"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := openFixture(t, "convbn_zip")
+	keys := c.Keys()
+	var storages []*Storage
+	for _, k := range keys {
+		tt, _ := c.Tensor(k)
+		storages = append(storages, tt.Storage)
+	}
+	sort.Slice(storages, func(i, j int) bool { return storages[i].rec.offset < storages[j].rec.offset })
+	// Corrupt the third record in file order; read the first.
+	bad := storages[2]
+	data := append([]byte(nil), orig...)
+	data[bad.rec.offset] ^= 0x40
+	path := filepath.Join(t.TempDir(), "corrupt.pth")
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cc, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	first := cc.storages[storages[0].Key]
+	if _, err := cc.readRange(first, 0, first.rec.size); err != nil {
+		t.Fatalf("reading the first record: %v", err)
+	}
+	ahead := 0
+	for _, st := range cc.storages {
+		if st.ahead != nil {
+			ahead++
+		}
+	}
+	if ahead == 0 {
+		t.Fatal("reading the first small record read none of the others ahead")
+	}
+	for _, s := range storages[1:] {
+		st := cc.storages[s.Key]
+		got, err := cc.readRange(st, 0, st.rec.size)
+		if st.Key == bad.Key {
+			if err == nil || !strings.Contains(err.Error(), "is corrupt") {
+				t.Errorf("corrupt record %s read ahead: error %v, want a CRC-32 mismatch", st.rec.name, err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", st.rec.name, err)
+		}
+		if want := data[st.rec.offset : st.rec.offset+st.rec.size]; !bytes.Equal(got, want) {
+			t.Errorf("%s: read-ahead bytes differ from the file's", st.rec.name)
+		}
+		if cap(got) != len(got) {
+			t.Errorf("%s: its bytes reach past its end (cap %d, len %d)", st.rec.name, cap(got), len(got))
+		}
 	}
 }

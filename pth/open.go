@@ -11,7 +11,9 @@ import (
 	"io"
 	"math/big"
 	"os"
+	"sort"
 	"strings"
+	"sync"
 )
 
 // Format is the on-disk layout of a checkpoint.
@@ -71,6 +73,8 @@ type Checkpoint struct {
 	storages map[string]*Storage
 	// users counts the tensors viewing each storage (storageUsers).
 	users map[*Storage]int
+	// ahead is readWhole's read-ahead over small stored records.
+	ahead readAheadState
 }
 
 // Open reads a checkpoint's structure. It executes nothing: globals outside
@@ -630,13 +634,18 @@ func (c *Checkpoint) readRange(st *Storage, start, length int64) ([]byte, error)
 // readWhole reads a zip record whole and checks its CRC-32.
 func (c *Checkpoint) readWhole(st *Storage) ([]byte, error) {
 	var buf []byte
-	if st.rec.zf == nil {
+	if st.rec.zf == nil && st.rec.size <= keepMax {
+		buf = c.readSmallRecord(st) // nil: read alone below
+	}
+	switch {
+	case buf != nil:
+	case st.rec.zf == nil:
 		// A stored record was checked to lie inside the file.
 		buf = make([]byte, st.rec.size)
 		if _, err := c.f.ReadAt(buf, st.rec.offset); err != nil {
 			return nil, fmt.Errorf("reading %s: %w", st.rec.name, err)
 		}
-	} else {
+	default:
 		rc, err := st.rec.zf.Open()
 		if err != nil {
 			return nil, fmt.Errorf("reading %s: %w", st.rec.name, err)
@@ -661,6 +670,82 @@ func (c *Checkpoint) readWhole(st *Storage) ([]byte, error) {
 		st.kept = buf
 	}
 	return buf, nil
+}
+
+// readAheadState is the read-ahead of readWhole over small stored records:
+// a checkpoint's BN vectors (weight, bias, running mean and variance,
+// num_batches_tracked) lie one after the other in the file, and validation
+// reads them all, a pread each otherwise. The first read of one reads the
+// run of small records around it at once; each keeps its bytes, unchecked,
+// until its own first read checks its CRC-32 as before. The mutex makes the
+// records' ahead fields safe for readers of different storages in parallel.
+type readAheadState struct {
+	mu     sync.Mutex
+	built  bool
+	sorted []*Storage // the small stored records with a CRC, by offset
+}
+
+// Bounds on one read-ahead: the bytes read at once, and the largest gap
+// between two records of a run (past it lies a large record).
+const (
+	readAheadMax = 256 << 10
+	readAheadGap = 4 << 10
+)
+
+// readSmallRecord returns a small stored record's bytes, read with the
+// small records that follow it in the file, or nil when they could not be
+// read that way (readWhole then reads the record alone, and reports its
+// errors as it always has).
+func (c *Checkpoint) readSmallRecord(st *Storage) []byte {
+	a := &c.ahead
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if b := st.ahead; b != nil {
+		st.ahead = nil
+		return b
+	}
+	if !a.built {
+		a.built = true
+		for _, s := range c.storages {
+			if s.rec.zf == nil && s.rec.hasCRC && s.rec.size <= keepMax {
+				a.sorted = append(a.sorted, s)
+			}
+		}
+		sort.Slice(a.sorted, func(i, j int) bool {
+			if a.sorted[i].rec.offset != a.sorted[j].rec.offset {
+				return a.sorted[i].rec.offset < a.sorted[j].rec.offset
+			}
+			return a.sorted[i].Key < a.sorted[j].Key
+		})
+	}
+	i := sort.Search(len(a.sorted), func(i int) bool { return a.sorted[i].rec.offset >= st.rec.offset })
+	for i < len(a.sorted) && a.sorted[i] != st && a.sorted[i].rec.offset == st.rec.offset {
+		i++
+	}
+	if i == len(a.sorted) || a.sorted[i] != st {
+		return nil
+	}
+	start, end := st.rec.offset, st.rec.offset+st.rec.size
+	j := i + 1
+	for ; j < len(a.sorted); j++ {
+		r := &a.sorted[j].rec
+		if r.offset-end > readAheadGap || max(end, r.offset+r.size)-start > readAheadMax {
+			break
+		}
+		end = max(end, r.offset+r.size)
+	}
+	buf := make([]byte, end-start)
+	if _, err := c.f.ReadAt(buf, start); err != nil {
+		return nil
+	}
+	for _, s := range a.sorted[i+1 : j] {
+		if r := &s.rec; !s.verified && s.ahead == nil {
+			o := r.offset - start
+			// Capped, so that no reader of one record reaches the next.
+			s.ahead = buf[o : o+r.size : o+r.size]
+		}
+	}
+	return buf[:st.rec.size:st.rec.size]
 }
 
 // keepMax is the largest record readWhole keeps once checked: BN vectors,

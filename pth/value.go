@@ -350,6 +350,9 @@ type Storage struct {
 	// (Prewrite) shares nothing that changes.
 	verified bool
 	kept     []byte
+	// ahead holds a small stored record's bytes read along with another
+	// record's, not yet checked (readSmallRecord; guarded by its mutex).
+	ahead []byte
 }
 
 // record locates a storage's bytes in the input file.
