@@ -483,6 +483,12 @@ func (c *converter) convert(v any, depth int) (Value, error) {
 	case *storageRef:
 		return nil, fmt.Errorf("a bare storage (%q) outside a tensor is not supported", v.st.Key)
 	}
+	if t, ok := v.(*Tensor); ok && t.Metadata == nil {
+		// A leaf, its own conversion: neither the memo nor the cycle
+		// check can change what it becomes, and a state dict has a
+		// thousand of them.
+		return t, nil
+	}
 	switch v.(type) {
 	case *types.List, *types.Tuple, *types.Dict, *types.OrderedDict, *Tensor, *rawCall:
 	default:

@@ -3,6 +3,7 @@ package rewrite
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 
 	"github.com/abnconvert/abnconvert/graph"
@@ -245,23 +246,17 @@ func differ(a, b []float64) bool {
 // flipReport returns the odd-count flips per key, sorted.
 func (t *tensors) flipReport() map[string][]int {
 	out := make(map[string][]int, len(t.flips))
+	var scratch []int // gathered once, then copied at its size
 	for k, odd := range t.flips {
-		n := 0
-		for _, on := range odd {
-			if on {
-				n++
-			}
-		}
-		if n == 0 {
-			continue
-		}
-		idx := make([]int, 0, n)
+		scratch = scratch[:0]
 		for i, on := range odd {
 			if on {
-				idx = append(idx, i)
+				scratch = append(scratch, i)
 			}
 		}
-		out[k] = idx
+		if len(scratch) > 0 {
+			out[k] = slices.Clone(scratch)
+		}
 	}
 	return out
 }
