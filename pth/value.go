@@ -59,6 +59,13 @@ type Dict struct {
 // NewDict returns an empty dict.
 func NewDict(ordered bool) *Dict { return &Dict{Ordered: ordered} }
 
+// newDictSized is NewDict with room for n entries: the pickle says how
+// many a dict it decodes holds, and a state dict's thousand keys grew
+// its index a dozen times otherwise.
+func newDictSized(ordered bool, n int) *Dict {
+	return &Dict{Ordered: ordered, keys: make([]Value, 0, n), vals: make([]Value, 0, n)}
+}
+
 // Len is the number of entries.
 func (d *Dict) Len() int { return len(d.keys) }
 
@@ -112,7 +119,7 @@ func (d *Dict) find(k Value) (int, bool, error) {
 func (d *Dict) place(k Value, i int) {
 	if s, ok := k.(string); ok {
 		if d.strs == nil {
-			d.strs = map[string]int{}
+			d.strs = make(map[string]int, cap(d.keys))
 		}
 		d.strs[s] = i
 		return
@@ -122,6 +129,19 @@ func (d *Dict) place(k Value, i int) {
 		d.index = map[hashKey]int{}
 	}
 	d.index[h] = i
+}
+
+// add adds an entry whose key is new, and reports a key already present
+// (leaving the dict as it was) or unhashable.
+func (d *Dict) add(k, v Value) (dup bool, err error) {
+	_, dup, err = d.find(k)
+	if err != nil || dup {
+		return dup, err
+	}
+	d.place(k, len(d.keys))
+	d.keys = append(d.keys, k)
+	d.vals = append(d.vals, v)
+	return false, nil
 }
 
 // Set adds or replaces an entry; a replaced entry keeps its position, as in
