@@ -15,6 +15,10 @@ import (
 // checkpoint, and converting it would hide the damage behind layers whose
 // outputs are NaN. The error names the key, the element and the problem.
 func validateBN(g *graph.Graph, w graph.Weights) error {
+	// A checkpoint decodes every vector into one buffer: validation only
+	// looks, and a slice per vector was most of its cost.
+	app, _ := w.(valueAppender)
+	var buf []float64
 	for _, n := range g.Nodes {
 		switch n.Op {
 		case graph.OpBatchNorm, graph.OpABN, graph.OpInPlaceABN, graph.OpInPlaceABNSync:
@@ -26,7 +30,14 @@ func validateBN(g *graph.Graph, w graph.Weights) error {
 			if !ok {
 				continue
 			}
-			v, err := w.Values(key)
+			var v []float64
+			var err error
+			if app != nil {
+				buf, err = app.AppendValues(buf[:0], key)
+				v = buf
+			} else {
+				v, err = w.Values(key)
+			}
 			if err != nil {
 				return err
 			}
@@ -41,6 +52,12 @@ func validateBN(g *graph.Graph, w graph.Weights) error {
 		}
 	}
 	return nil
+}
+
+// valueAppender is the weights of a checkpoint (pth.Checkpoint), which can
+// decode into a caller's buffer.
+type valueAppender interface {
+	AppendValues(dst []float64, key string) ([]float64, error)
 }
 
 // formatValue prints x as briefly as its stored precision allows: float32

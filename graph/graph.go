@@ -394,11 +394,16 @@ func (g *Graph) Validate() error {
 	// Sized up front: the rewrite validates after every pass.
 	seen := make(map[*Value]bool, len(g.Nodes))
 	names := make(map[string]bool, len(g.Nodes))
+	// inGraph is the nodes by identity: a node is in the graph when its
+	// name is a node's and the index maps that name to it, which the loop
+	// below checks of every node, and a pointer hashes faster than a name.
+	inGraph := make(map[*Node]bool, len(g.Nodes))
 	for i, n := range g.Nodes {
 		if names[n.Name] {
 			return fmt.Errorf("graph: duplicate node name %q", n.Name)
 		}
 		names[n.Name] = true
+		inGraph[n] = true
 		if g.byName[n.Name] != n {
 			return fmt.Errorf("graph: node %q missing from the name index", n.Name)
 		}
@@ -444,7 +449,7 @@ func (g *Graph) Validate() error {
 	}
 	for _, n := range g.Nodes {
 		for _, c := range n.Out.Consumers {
-			if !names[c.Name] || g.byName[c.Name] != c {
+			if !inGraph[c] {
 				return fmt.Errorf("graph: %q is consumed by %q, which is not in the graph", n.Name, c.Name)
 			}
 			if !containsValue(c.Inputs, n.Out) {

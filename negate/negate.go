@@ -9,6 +9,7 @@ import (
 	"encoding/binary"
 	"hash/crc32"
 	"io"
+	"slices"
 	"sort"
 	"sync"
 )
@@ -59,18 +60,19 @@ func Xor(a, b []int) []int {
 // Set returns channels sorted without repeats, and the first index outside
 // [0, n) if any (ok false).
 func Set(channels []int, n int) (set []int, bad int, ok bool) {
-	seen := map[int]bool{}
 	for _, ch := range channels {
 		if ch < 0 || ch >= n {
 			return nil, ch, false
 		}
-		if !seen[ch] {
-			seen[ch] = true
-			set = append(set, ch)
-		}
 	}
-	sort.Ints(set)
-	return set, 0, true
+	if len(channels) == 0 {
+		return nil, 0, true
+	}
+	// Sorted, then repeats dropped: a fold passes thousands of channels,
+	// and a map of them was most of the cost.
+	set = slices.Clone(channels)
+	slices.Sort(set)
+	return slices.Compact(set), 0, true
 }
 
 // AnyNonzero reports whether b, whole elements of l's layout, holds an

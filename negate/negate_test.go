@@ -5,6 +5,7 @@ import (
 	"hash/crc32"
 	"io"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -194,4 +195,33 @@ func randomFlip(t *testing.T, r *rand.Rand, mid int, anySign bool, chanOdds int)
 	c.pos = r.Int64N(total)
 	c.n = r.Int64N(total-c.pos) + 1
 	return c
+}
+
+// Set sorts, drops repeats and names the first channel out of range, in
+// the order given.
+func TestSet(t *testing.T) {
+	cases := []struct {
+		in      []int
+		n       int
+		want    []int
+		bad     int
+		wantOK  bool
+		comment string
+	}{
+		{nil, 4, nil, 0, true, "none"},
+		{[]int{3, 1, 3, 0, 1}, 4, []int{0, 1, 3}, 0, true, "repeats, unsorted"},
+		{[]int{2}, 4, []int{2}, 0, true, "one"},
+		{[]int{1, 5, -1}, 4, nil, 5, false, "first bad is 5"},
+		{[]int{1, -1, 5}, 4, nil, -1, false, "first bad is -1"},
+	}
+	for _, c := range cases {
+		in := append([]int(nil), c.in...)
+		got, bad, ok := Set(in, c.n)
+		if ok != c.wantOK || bad != c.bad || !slices.Equal(got, c.want) {
+			t.Errorf("%s: Set(%v, %d) = %v, %d, %v; want %v, %d, %v", c.comment, c.in, c.n, got, bad, ok, c.want, c.bad, c.wantOK)
+		}
+		if !slices.Equal(in, c.in) {
+			t.Errorf("%s: Set changed its argument to %v", c.comment, in)
+		}
+	}
 }

@@ -175,6 +175,9 @@ func TestHostilePickles(t *testing.T) {
 		{"exponential tuple key", ckptZip(t, pickle2("}"+dag+pi(1)+"s")), "dict key tuple has more than"},
 		{"stack underflow", ckptZip(t, []byte("\x80\x02a.")), "APPEND on an empty stack"},
 		{"mark underflow", ckptZip(t, []byte("\x80\x02Nt.")), "without a MARK"},
+		// Python pops within the frame MARK opened: what lies below the
+		// mark is out of reach.
+		{"pop across a MARK", ckptZip(t, []byte("\x80\x02N(\x85.")), "TUPLE1/2/3 on an empty stack"},
 		{"STACK_GLOBAL through POP", ckptZip(t, []byte("\x80\x04"+"\x8c\x05posix"+"\x8c\x01x0"+"\x8c\x06system"+"\x93.")), "posix.system"},
 		{"STACK_GLOBAL on non-strings", ckptZip(t, []byte("\x80\x04K\x01K\x02\x93.")), "<unresolved STACK_GLOBAL>"},
 		{"STACK_GLOBAL of OrderedDict-like trick", ckptZip(t, []byte("\x80\x04\x8c\x08copy_reg\x94\x8c\x0e_reconstructor\x94\x93.")), "copyreg._reconstructor"},

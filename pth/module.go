@@ -281,8 +281,8 @@ func (c *Checkpoint) loadModule() (*Module, error) {
 	return m, nil
 }
 
-// zipStorage resolves a persistent id to its record in the archive, as
-// Open does for state dicts.
+// zipStorage resolves a persistent id to its record in the archive, for
+// Open (state dicts) and for whole pickled modules.
 func (c *Checkpoint) zipStorage(a *archive) storageResolver {
 	return func(key string, dtype DType, numel int, loc string, class *Global) (*Storage, error) {
 		zf := a.record("data/" + key)
@@ -292,7 +292,7 @@ func (c *Checkpoint) zipStorage(a *archive) storageResolver {
 		st := &Storage{Key: key, DType: dtype, Numel: numel, Location: loc, Class: class}
 		st.rec = record{name: zf.Name, size: int64(zf.UncompressedSize64), crc: zf.CRC32, hasCRC: true}
 		if zf.Method == zip.Store {
-			off, err := zf.DataOffset()
+			off, err := a.dataOffset(zf)
 			if err != nil {
 				return nil, fmt.Errorf("record %s: %w", zf.Name, err)
 			}

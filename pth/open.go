@@ -11,7 +11,9 @@ import (
 	"io"
 	"math/big"
 	"os"
+	"sort"
 	"strings"
+	"sync"
 )
 
 // Format is the on-disk layout of a checkpoint.
@@ -71,6 +73,8 @@ type Checkpoint struct {
 	storages map[string]*Storage
 	// users counts the tensors viewing each storage (storageUsers).
 	users map[*Storage]int
+	// ahead is readWhole's read-ahead over small stored records.
+	ahead readAheadState
 }
 
 // Open reads a checkpoint's structure. It executes nothing: globals outside
@@ -185,22 +189,36 @@ type archive struct {
 	z      *zip.Reader
 	prefix string // top-level folder, with its slash ("archive/")
 	byName map[string]*zip.File
+	// offsets holds each record's data offset, which checkRecords finds
+	// (a read of the record's local header) and the storage resolver
+	// needs again.
+	offsets map[*zip.File]int64
 }
 
 // record looks a record up by its name below the top-level folder.
 func (a *archive) record(name string) *zip.File { return a.byName[a.prefix+name] }
 
+// dataOffset is zf.DataOffset, found once.
+func (a *archive) dataOffset(zf *zip.File) (int64, error) {
+	if off, ok := a.offsets[zf]; ok {
+		return off, nil
+	}
+	return zf.DataOffset()
+}
+
 // openZip opens the archive and finds its top-level folder, the one that
 // holds data.pkl.
 func (c *Checkpoint) openZip() (*archive, error) {
-	z, err := zip.NewReader(c.f, c.stat.Size())
+	hr := &headerReader{f: c.f, size: c.stat.Size()}
+	z, err := zip.NewReader(hr, c.stat.Size())
 	if err != nil {
 		return nil, fmt.Errorf("reading zip archive: %w", err)
 	}
-	if err := checkRecords(z, c.stat.Size()); err != nil {
+	offsets, err := checkRecords(z, c.stat.Size(), hr)
+	if err != nil {
 		return nil, err
 	}
-	a := &archive{z: z, byName: map[string]*zip.File{}}
+	a := &archive{z: z, byName: make(map[string]*zip.File, len(z.File)), offsets: offsets}
 	for _, zf := range z.File {
 		if _, dup := a.byName[zf.Name]; dup {
 			return nil, fmt.Errorf("archive holds two records named %s", zf.Name)
@@ -220,6 +238,69 @@ func (c *Checkpoint) openZip() (*archive, error) {
 	return a, nil
 }
 
+// headerReader is the file as archive/zip reads it. archive/zip reads each
+// record's 30-byte local header with a pread of its own (DataOffset), and a
+// checkpoint's records are mostly BN vectors of a few KB, laid out one
+// after the other: that was a thousand system calls to open densenet201.
+// While checkRecords walks the records it sets ahead, the bytes the next
+// headers are expected to span, and a short read outside the window reads
+// that much into it, so that the headers of a run of small records come
+// from one pread. The bytes are the file's either way; a read the window
+// does not cover whole goes to the file. checkRecords clears the window
+// before the archive is used, so that later reads, which may run in
+// parallel, go straight to the file and share nothing.
+type headerReader struct {
+	f      *os.File
+	size   int64
+	ahead  int
+	win    []byte
+	winOff int64
+}
+
+// maxHeaderRead is the longest read headerReader serves from its window:
+// archive/zip's local-header read (30 bytes), with room to spare.
+const maxHeaderRead = 64
+
+func (r *headerReader) ReadAt(p []byte, off int64) (int, error) {
+	if off >= r.winOff && off-r.winOff <= int64(len(r.win)) && int64(len(p)) <= int64(len(r.win))-(off-r.winOff) {
+		return copy(p, r.win[off-r.winOff:]), nil
+	}
+	if len(p) <= maxHeaderRead && r.ahead > len(p) && off >= 0 && off < r.size {
+		n := int(min(int64(r.ahead), r.size-off))
+		if cap(r.win) < n {
+			r.win = make([]byte, n, max(n, 64<<10))
+		}
+		got, _ := r.f.ReadAt(r.win[:n], off)
+		r.win, r.winOff = r.win[:got], off
+		if got >= len(p) {
+			return copy(p, r.win), nil
+		}
+	}
+	return r.f.ReadAt(p, off)
+}
+
+// readAhead is how many bytes from zf's local header on the headers of the
+// records that follow it are expected to span: up to 64 KB of consecutive
+// small records (their headers, names, padding and data). A large record's
+// header is read alone (0), since the next one lies past its data. Any
+// estimate is safe: it only decides how many reads find their bytes in
+// the window.
+func readAhead(files []*zip.File) int {
+	const small, most = 16 << 10, 64 << 10
+	n := 0
+	for i, zf := range files {
+		if zf.CompressedSize64 > small || i == 64 {
+			break
+		}
+		// 30-byte header, name, up to 64 bytes of alignment padding in the
+		// extra field, the data, a 24-byte data descriptor.
+		n += 30 + len(zf.Name) + 64 + int(zf.CompressedSize64) + 24
+		if n >= most {
+			return most
+		}
+	}
+	return n
+}
 func (a *archive) readPickle() (scanned, error) {
 	zf := a.record("data.pkl")
 	if zf.UncompressedSize64 > maxPickle {
@@ -260,28 +341,34 @@ const maxDeflateRatio = 1032
 // checkRecords refuses records whose declared sizes the file cannot back,
 // before anything is allocated for them: a stored record must lie inside
 // the file, and a compressed one cannot expand beyond what deflate allows.
-func checkRecords(z *zip.Reader, fileSize int64) error {
-	for _, zf := range z.File {
+// It returns each record's data offset, reading the local headers through
+// hr's window, which it clears when done.
+func checkRecords(z *zip.Reader, fileSize int64, hr *headerReader) (map[*zip.File]int64, error) {
+	defer func() { hr.ahead, hr.win = 0, nil }()
+	offsets := make(map[*zip.File]int64, len(z.File))
+	for i, zf := range z.File {
+		hr.ahead = readAhead(z.File[i:])
 		off, err := zf.DataOffset()
 		if err != nil {
-			return fmt.Errorf("record %s: %w", zf.Name, err)
+			return nil, fmt.Errorf("record %s: %w", zf.Name, err)
 		}
 		csize, usize := zf.CompressedSize64, zf.UncompressedSize64
 		if off < 0 || off > fileSize || csize > uint64(fileSize-off) {
-			return fmt.Errorf("record %s declares %d bytes at offset %d, past the end of the %d-byte file", zf.Name, csize, off, fileSize)
+			return nil, fmt.Errorf("record %s declares %d bytes at offset %d, past the end of the %d-byte file", zf.Name, csize, off, fileSize)
 		}
 		switch zf.Method {
 		case zip.Store:
 			if csize != usize {
-				return fmt.Errorf("record %s is stored but declares %d bytes compressed and %d uncompressed", zf.Name, csize, usize)
+				return nil, fmt.Errorf("record %s is stored but declares %d bytes compressed and %d uncompressed", zf.Name, csize, usize)
 			}
 		default:
 			if usize/maxDeflateRatio > csize {
-				return fmt.Errorf("record %s declares %d bytes uncompressed from %d compressed, more than compression can expand (a zip bomb or a corrupt header)", zf.Name, usize, csize)
+				return nil, fmt.Errorf("record %s declares %d bytes uncompressed from %d compressed, more than compression can expand (a zip bomb or a corrupt header)", zf.Name, usize, csize)
 			}
 		}
+		offsets[zf] = off
 	}
-	return nil
+	return offsets, nil
 }
 
 func (c *Checkpoint) loadZip() error {
@@ -324,31 +411,7 @@ func (c *Checkpoint) loadZip() error {
 		return fmt.Errorf("%sdata.pkl: %w", prefix, res.dupKey)
 	}
 	data := res.data
-	u := unpickler{storages: c.storages, resolve: func(key string, dtype DType, numel int, loc string, class *Global) (*Storage, error) {
-		zf := a.record("data/" + key)
-		if zf == nil {
-			return nil, fmt.Errorf("storage %q has no record %sdata/%s", key, prefix, key)
-		}
-		name := zf.Name
-		st := &Storage{Key: key, DType: dtype, Numel: numel, Location: loc, Class: class}
-		st.rec = record{name: name, size: int64(zf.UncompressedSize64), crc: zf.CRC32, hasCRC: true}
-		if zf.Method == zip.Store {
-			off, err := zf.DataOffset()
-			if err != nil {
-				return nil, fmt.Errorf("record %s: %w", name, err)
-			}
-			if zf.CompressedSize64 != zf.UncompressedSize64 || off < 0 || off+st.rec.size > c.stat.Size() {
-				return nil, fmt.Errorf("record %s lies outside the file", name)
-			}
-			st.rec.offset = off
-		} else {
-			st.rec.zf = zf
-		}
-		if err := st.checkSize(); err != nil {
-			return nil, err
-		}
-		return st, nil
-	}}
+	u := unpickler{storages: c.storages, resolve: c.zipStorage(a)}
 	root, err := u.load(data)
 	if err != nil {
 		return fmt.Errorf("%sdata.pkl: %w", prefix, err)
@@ -571,13 +634,18 @@ func (c *Checkpoint) readRange(st *Storage, start, length int64) ([]byte, error)
 // readWhole reads a zip record whole and checks its CRC-32.
 func (c *Checkpoint) readWhole(st *Storage) ([]byte, error) {
 	var buf []byte
-	if st.rec.zf == nil {
+	if st.rec.zf == nil && st.rec.size <= keepMax {
+		buf = c.readSmallRecord(st) // nil: read alone below
+	}
+	switch {
+	case buf != nil:
+	case st.rec.zf == nil:
 		// A stored record was checked to lie inside the file.
 		buf = make([]byte, st.rec.size)
 		if _, err := c.f.ReadAt(buf, st.rec.offset); err != nil {
 			return nil, fmt.Errorf("reading %s: %w", st.rec.name, err)
 		}
-	} else {
+	default:
 		rc, err := st.rec.zf.Open()
 		if err != nil {
 			return nil, fmt.Errorf("reading %s: %w", st.rec.name, err)
@@ -602,6 +670,82 @@ func (c *Checkpoint) readWhole(st *Storage) ([]byte, error) {
 		st.kept = buf
 	}
 	return buf, nil
+}
+
+// readAheadState is the read-ahead of readWhole over small stored records:
+// a checkpoint's BN vectors (weight, bias, running mean and variance,
+// num_batches_tracked) lie one after the other in the file, and validation
+// reads them all, a pread each otherwise. The first read of one reads the
+// run of small records around it at once; each keeps its bytes, unchecked,
+// until its own first read checks its CRC-32 as before. The mutex makes the
+// records' ahead fields safe for readers of different storages in parallel.
+type readAheadState struct {
+	mu     sync.Mutex
+	built  bool
+	sorted []*Storage // the small stored records with a CRC, by offset
+}
+
+// Bounds on one read-ahead: the bytes read at once, and the largest gap
+// between two records of a run (past it lies a large record).
+const (
+	readAheadMax = 256 << 10
+	readAheadGap = 4 << 10
+)
+
+// readSmallRecord returns a small stored record's bytes, read with the
+// small records that follow it in the file, or nil when they could not be
+// read that way (readWhole then reads the record alone, and reports its
+// errors as it always has).
+func (c *Checkpoint) readSmallRecord(st *Storage) []byte {
+	a := &c.ahead
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if b := st.ahead; b != nil {
+		st.ahead = nil
+		return b
+	}
+	if !a.built {
+		a.built = true
+		for _, s := range c.storages {
+			if s.rec.zf == nil && s.rec.hasCRC && s.rec.size <= keepMax {
+				a.sorted = append(a.sorted, s)
+			}
+		}
+		sort.Slice(a.sorted, func(i, j int) bool {
+			if a.sorted[i].rec.offset != a.sorted[j].rec.offset {
+				return a.sorted[i].rec.offset < a.sorted[j].rec.offset
+			}
+			return a.sorted[i].Key < a.sorted[j].Key
+		})
+	}
+	i := sort.Search(len(a.sorted), func(i int) bool { return a.sorted[i].rec.offset >= st.rec.offset })
+	for i < len(a.sorted) && a.sorted[i] != st && a.sorted[i].rec.offset == st.rec.offset {
+		i++
+	}
+	if i == len(a.sorted) || a.sorted[i] != st {
+		return nil
+	}
+	start, end := st.rec.offset, st.rec.offset+st.rec.size
+	j := i + 1
+	for ; j < len(a.sorted); j++ {
+		r := &a.sorted[j].rec
+		if r.offset-end > readAheadGap || max(end, r.offset+r.size)-start > readAheadMax {
+			break
+		}
+		end = max(end, r.offset+r.size)
+	}
+	buf := make([]byte, end-start)
+	if _, err := c.f.ReadAt(buf, start); err != nil {
+		return nil
+	}
+	for _, s := range a.sorted[i+1 : j] {
+		if r := &s.rec; !s.verified && s.ahead == nil {
+			o := r.offset - start
+			// Capped, so that no reader of one record reaches the next.
+			s.ahead = buf[o : o+r.size : o+r.size]
+		}
+	}
+	return buf[:st.rec.size:st.rec.size]
 }
 
 // keepMax is the largest record readWhole keeps once checked: BN vectors,

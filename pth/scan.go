@@ -8,6 +8,7 @@ import (
 	"io"
 	"strconv"
 	"strings"
+	"unsafe"
 )
 
 // Pickle opcodes this package reads or writes by name.
@@ -164,18 +165,40 @@ const (
 )
 
 // sval is what the scanner knows of one stack value: a short string, an
-// integer (its decimal form), or the identity of a mutable object, which is
-// enough to resolve STACK_GLOBAL exactly and to see a dict key set twice.
+// integer, or the identity of a mutable object, which is enough to resolve
+// STACK_GLOBAL exactly and to see a dict key set twice. It is kept small
+// (one word of kind, one of number, a string), because the stack and the
+// memo hold tens of thousands of them.
 type sval struct {
 	kind byte // 's' string, 'i' integer, 'o' object, 0 anything else
-	s    string
-	id   int
-	// made says how an object came to be, for the checks torch's
-	// weights_only unpickler makes on the value an opcode acts on (see
-	// event): "list" (EMPTY_LIST), "global NAME", "call NAME" (REDUCE or
-	// NEWOBJ of the global NAME), "" for anything else.
-	made string
+	// n is an integer's value, or an object's identity.
+	n int64
+	// s is a string's value, or, for an object, how it came to be (made).
+	s string
 }
+
+// made says how an object came to be, for the checks torch's weights_only
+// unpickler makes on the value an opcode acts on (see event): "list"
+// (EMPTY_LIST), "global NAME", "call NAME" (REDUCE or NEWOBJ of the global
+// NAME), "" for anything else, and for anything but an object.
+func (v sval) made() string {
+	if v.kind == 'o' {
+		return v.s
+	}
+	return ""
+}
+
+// dictKey is a plain key set in one dict (the dict's identity, the key's
+// kind and value), for the scanner's duplicate-key check.
+type dictKey struct {
+	dict int64
+	kind byte
+	n    int64
+	s    string
+}
+
+// memoEntrySize is the size of a memoEntry, for presizing the memo.
+const memoEntrySize = int64(unsafe.Sizeof(memoEntry{}))
 
 // dupKeyError reports a dict key set twice (see scanned.dupKey).
 type dupKeyError struct{ msg string }
@@ -232,6 +255,19 @@ func scanPickle(r *bufio.Reader, limit int64) (res scanned, err error) {
 			buf = append(buf, b)
 			return buf[start:], nil
 		}
+		if n <= 8 { // fixed arguments and length fields, byte by byte
+			for k := int64(0); k < n; k++ {
+				b, err := r.ReadByte()
+				if err != nil {
+					if err == io.EOF && k > 0 {
+						err = io.ErrUnexpectedEOF // as io.ReadFull says
+					}
+					return nil, fmt.Errorf("pickle truncated at offset %d: %w", start, err)
+				}
+				buf = append(buf, b)
+			}
+			return buf[start:], nil
+		}
 		// Grow as bytes arrive, so that a length the data cannot back
 		// costs at most one chunk.
 		for left := n; left > 0; {
@@ -260,12 +296,16 @@ func scanPickle(r *bufio.Reader, limit int64) (res scanned, err error) {
 		}
 	}
 
+	// The stack is one slice; MARK records where the current frame starts
+	// (Python's metastack), so that a frame costs no slice of its own.
 	var (
-		stack     []sval
-		marks     [][]sval
+		stack     = make([]sval, 0, 64)
+		marks     []int
+		base      = 0 // where the current frame starts in stack
 		memo      memoTable
-		nextID    = 0
-		keys      = map[int]map[string]bool{}
+		nextID    = int64(0)
+		keys      = map[dictKey]struct{}{}
+		calls     = map[string]string{} // "global NAME" -> "call NAME", made once
 		frameEnd  = int64(0)
 		opStart   = 0
 		malformed = func(format string, args ...any) error {
@@ -289,7 +329,11 @@ func scanPickle(r *bufio.Reader, limit int64) (res scanned, err error) {
 			res.events = append(res.events, e)
 		}
 	}
-	object := func() sval { nextID++; return sval{kind: 'o', id: nextID} }
+	// Picklers memoize nearly every object they write; one entry per 16
+	// bytes of pickle is more than torch writes, and the guess is bounded
+	// like any allocation made ahead of the data (readChunk).
+	memo.dense = make([]memoEntry, 0, min(max(limit, 0)/16, readChunk/memoEntrySize))
+	object := func() sval { nextID++; return sval{kind: 'o', n: nextID} }
 	// global lists a global and makes the value GLOBAL pushes.
 	global := func(module, name string) sval {
 		raw := module + "." + name
@@ -301,19 +345,24 @@ func scanPickle(r *bufio.Reader, limit int64) (res scanned, err error) {
 		addGlobal(name)
 		note(event{kind: evGlobal, name: name, raw: raw})
 		g := object()
-		g.made = "global " + name
+		g.s = "global " + name
 		return g
 	}
 	// called marks obj as made by calling (REDUCE, NEWOBJ, INST) fn.
 	called := func(obj, fn sval) sval {
-		if name, ok := strings.CutPrefix(fn.made, "global "); ok {
-			obj.made = "call " + name
+		made := fn.made()
+		if call, ok := calls[made]; ok {
+			obj.s = call
+		} else if name, ok := strings.CutPrefix(made, "global "); ok {
+			obj.s = "call " + name
+			calls[made] = obj.s
 		}
 		return obj
 	}
 	push := func(v sval) { stack = append(stack, v) }
+	// pop and top see the current frame only, as Python's unpickler does.
 	pop := func(what string) (sval, error) {
-		if len(stack) == 0 {
+		if len(stack) == base {
 			return sval{}, malformed("%s on an empty stack", what)
 		}
 		v := stack[len(stack)-1]
@@ -321,17 +370,20 @@ func scanPickle(r *bufio.Reader, limit int64) (res scanned, err error) {
 		return v, nil
 	}
 	top := func(what string) (sval, error) {
-		if len(stack) == 0 {
+		if len(stack) == base {
 			return sval{}, malformed("%s on an empty stack", what)
 		}
 		return stack[len(stack)-1], nil
 	}
+	// popMark ends the current frame and returns its items, which stay
+	// valid until the next push.
 	popMark := func(what string) ([]sval, error) {
 		if len(marks) == 0 {
 			return nil, malformed("%s without a MARK", what)
 		}
-		items := stack
-		stack = marks[len(marks)-1]
+		items := stack[base:]
+		stack = stack[:base]
+		base = marks[len(marks)-1]
 		marks = marks[:len(marks)-1]
 		return items, nil
 	}
@@ -339,21 +391,16 @@ func scanPickle(r *bufio.Reader, limit int64) (res scanned, err error) {
 		if d.kind != 'o' || (k.kind != 's' && k.kind != 'i') || res.dupKey != nil {
 			return
 		}
-		m := keys[d.id]
-		if m == nil {
-			m = map[string]bool{}
-			keys[d.id] = m
-		}
-		hk := string(k.kind) + k.s
-		if m[hk] {
-			name := k.s
+		hk := dictKey{dict: d.n, kind: k.kind, n: k.n, s: k.s}
+		if _, dup := keys[hk]; dup {
+			name := strconv.FormatInt(k.n, 10)
 			if k.kind == 's' {
 				name = strconv.Quote(k.s)
 			}
 			res.dupKey = &dupKeyError{fmt.Sprintf("dict key %s is set twice in one dict (pickle offset %d)", name, opStart)}
 			return
 		}
-		m[hk] = true
+		keys[hk] = struct{}{}
 	}
 	str := func(s string) sval {
 		if len(s) > maxKeyString {
@@ -361,7 +408,7 @@ func scanPickle(r *bufio.Reader, limit int64) (res scanned, err error) {
 		}
 		return sval{kind: 's', s: s}
 	}
-	integer := func(n int64) sval { return sval{kind: 'i', s: strconv.FormatInt(n, 10)} }
+	integer := func(n int64) sval { return sval{kind: 'i', n: n} }
 	memoIndex := func(line string) (int, error) {
 		i, err := strconv.Atoi(line)
 		if err != nil || i < 0 {
@@ -445,8 +492,8 @@ func scanPickle(r *bufio.Reader, limit int64) (res scanned, err error) {
 		le := binary.LittleEndian
 		switch op {
 		case opMark:
-			marks = append(marks, stack)
-			stack = nil
+			marks = append(marks, base)
+			base = len(stack)
 		case opStop:
 			if _, err := pop("STOP"); err != nil {
 				return res, err
@@ -456,8 +503,8 @@ func scanPickle(r *bufio.Reader, limit int64) (res scanned, err error) {
 			}
 			res.data = buf
 			return res, nil
-		case '0': // POP: pops the mark when the stack is empty
-			if len(stack) == 0 {
+		case '0': // POP: pops the mark when the frame is empty
+			if len(stack) == base {
 				_, err = popMark("POP")
 			} else {
 				stack = stack[:len(stack)-1]
@@ -525,7 +572,7 @@ func scanPickle(r *bufio.Reader, limit int64) (res scanned, err error) {
 			if _, err = pop("REDUCE"); err == nil {
 				var fn sval
 				if fn, err = pop("REDUCE"); err == nil {
-					note(event{kind: evReduce, made: fn.made})
+					note(event{kind: evReduce, made: fn.made()})
 					push(called(object(), fn))
 				}
 			}
@@ -533,14 +580,14 @@ func scanPickle(r *bufio.Reader, limit int64) (res scanned, err error) {
 			if _, err = pop("APPEND"); err == nil {
 				var l sval
 				if l, err = top("APPEND"); err == nil {
-					note(event{kind: evAppend, made: l.made})
+					note(event{kind: evAppend, made: l.made()})
 				}
 			}
 		case opBuild:
 			if _, err = pop("BUILD"); err == nil {
 				var inst sval
 				if inst, err = top("BUILD"); err == nil {
-					note(event{kind: evBuild, made: inst.made})
+					note(event{kind: evBuild, made: inst.made()})
 				}
 			}
 		case opGlobal:
@@ -567,13 +614,13 @@ func scanPickle(r *bufio.Reader, limit int64) (res scanned, err error) {
 			push(object())
 		case opEmptyList:
 			l := object()
-			l.made = "list"
+			l.s = "list"
 			push(l)
 		case opAppends, 0x90: // APPENDS, ADDITEMS
 			if _, err = popMark("APPENDS"); err == nil {
 				var l sval
 				if l, err = top("APPENDS"); err == nil && op == opAppends {
-					note(event{kind: evAppend, made: l.made})
+					note(event{kind: evAppend, made: l.made()})
 				}
 			}
 		case 'g':
@@ -641,7 +688,7 @@ func scanPickle(r *bufio.Reader, limit int64) (res scanned, err error) {
 			if _, err = pop("NEWOBJ"); err == nil {
 				var cls sval
 				if cls, err = pop("NEWOBJ"); err == nil {
-					note(event{kind: evNewObj, made: cls.made})
+					note(event{kind: evNewObj, made: cls.made()})
 					push(called(object(), cls))
 				}
 			}

@@ -2,6 +2,7 @@ package pth
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/abnconvert/abnconvert/graph"
@@ -180,7 +181,7 @@ func (c *Checkpoint) Tensor(key string) (*Tensor, bool) {
 	if c.state == nil {
 		return nil, false
 	}
-	v, _ := c.state.Get(key)
+	v, _ := c.state.getString(key)
 	t, ok := v.(*Tensor)
 	return t, ok
 }
@@ -242,42 +243,67 @@ const (
 	maxExpand = 1 << 24
 )
 
+// AppendValues is Values appending to dst, so that a reader that only
+// looks at the values (validation, over every BN vector) can reuse one
+// buffer instead of allocating a slice per tensor.
+func (c *Checkpoint) AppendValues(dst []float64, key string) ([]float64, error) {
+	t, ok := c.Tensor(key)
+	if !ok {
+		return dst, fmt.Errorf("%s: no tensor %q in the state dict", c.Path, key)
+	}
+	v, err := c.appendTensorValues(dst, t)
+	if err != nil {
+		return dst, fmt.Errorf("%s: tensor %q: %w", c.Path, key, err)
+	}
+	return v, nil
+}
+
 // TensorValues decodes any tensor of the checkpoint (optimizer buffers
 // included) into float64, row-major.
 func (c *Checkpoint) TensorValues(t *Tensor) ([]float64, error) {
+	return c.appendTensorValues(nil, t)
+}
+
+// appendTensorValues is TensorValues appending to dst; on error it returns
+// dst unchanged.
+func (c *Checkpoint) appendTensorValues(dst []float64, t *Tensor) ([]float64, error) {
 	if t.pending != nil {
-		return append([]float64(nil), t.pending...), nil
+		return append(dst, t.pending...), nil
 	}
 	es := t.DType().Size()
 	if es == 0 || t.DType() == Complex64 || t.DType() == Complex128 {
-		return nil, fmt.Errorf("dtype %s cannot be decoded to real numbers", t.DType())
+		return dst, fmt.Errorf("dtype %s cannot be decoded to real numbers", t.DType())
 	}
 	n := t.Numel()
 	if n > maxDecode || (n > t.Storage.Numel && n > maxExpand) {
 		// A stride-0 (expanded) tensor can claim any size over a tiny
 		// storage; refuse rather than allocate for elements the file does
 		// not hold.
-		return nil, fmt.Errorf("tensor of %d elements over a storage of %d is more than this package decodes", n, t.Storage.Numel)
+		return dst, fmt.Errorf("tensor of %d elements over a storage of %d is more than this package decodes", n, t.Storage.Numel)
 	}
 	lo, hi := t.span()
 	if n == 0 || hi == lo {
-		return make([]float64, n), nil
+		if dst == nil {
+			return make([]float64, n), nil // never nil, as before
+		}
+		return append(dst, make([]float64, n)...), nil
 	}
 	// Read first: the bytes prove the elements exist before the float64
 	// copy is allocated.
 	raw, err := c.readRange(t.Storage, int64(lo)*int64(es), int64(hi-lo)*int64(es))
 	if err != nil {
-		return nil, err
+		return dst, err
 	}
-	out := make([]float64, n)
+	all := slices.Grow(dst, n)[:len(dst)+n]
+	out := all[len(dst):]
 	if t.Contiguous() {
 		if err := decode(t.DType(), raw, out); err != nil {
-			return nil, err
+			return dst, err
 		}
 		if t.negate != nil {
 			negate.Values(out, t.Shape[0], t.negate)
 		}
-		return out, nil
+		return all, nil
 	}
 	// Walk the multi-index in row-major order, gathering through strides.
 	idx := make([]int, len(t.Shape))
@@ -287,7 +313,7 @@ func (c *Checkpoint) TensorValues(t *Tensor) ([]float64, error) {
 			at += j * t.Stride[d]
 		}
 		if err := decode(t.DType(), raw[at*es:(at+1)*es], out[i:i+1]); err != nil {
-			return nil, err
+			return dst, err
 		}
 		for d := len(idx) - 1; d >= 0; d-- {
 			idx[d]++
@@ -297,7 +323,7 @@ func (c *Checkpoint) TensorValues(t *Tensor) ([]float64, error) {
 			idx[d] = 0
 		}
 	}
-	return out, nil
+	return all, nil
 }
 
 // SetTensorValues replaces any tensor's values (see SetValues). It checks

@@ -483,6 +483,12 @@ func (c *converter) convert(v any, depth int) (Value, error) {
 	case *storageRef:
 		return nil, fmt.Errorf("a bare storage (%q) outside a tensor is not supported", v.st.Key)
 	}
+	if t, ok := v.(*Tensor); ok && t.Metadata == nil {
+		// A leaf, its own conversion: neither the memo nor the cycle
+		// check can change what it becomes, and a state dict has a
+		// thousand of them.
+		return t, nil
+	}
 	switch v.(type) {
 	case *types.List, *types.Tuple, *types.Dict, *types.OrderedDict, *Tensor, *rawCall:
 	default:
@@ -517,7 +523,7 @@ func (c *converter) convert(v any, depth int) (Value, error) {
 		}
 		out = t
 	case *types.Dict:
-		d := NewDict(false)
+		d := newDictSized(false, len(*v))
 		for _, e := range *v {
 			if err := c.setItem(d, e.Key, e.Value, depth); err != nil {
 				return nil, err
@@ -525,7 +531,7 @@ func (c *converter) convert(v any, depth int) (Value, error) {
 		}
 		out = d
 	case *types.OrderedDict:
-		d := NewDict(true)
+		d := newDictSized(true, v.Len())
 		for e := v.List.Front(); e != nil; e = e.Next() {
 			entry := e.Value.(*types.OrderedDictEntry)
 			if err := c.setItem(d, entry.Key, entry.Value, depth); err != nil {
@@ -581,8 +587,9 @@ func (c *converter) setItem(d *Dict, k, v any, depth int) error {
 	}
 	// Python merges a key set twice; the scan refuses plain keys set twice,
 	// and this catches the rest (tuple keys, 1 and True).
-	if _, dup := d.Get(ck); dup {
+	dup, err := d.add(ck, cv)
+	if dup {
 		return fmt.Errorf("dict key %s is set twice in one dict", keyString(ck))
 	}
-	return d.Set(ck, cv)
+	return err
 }

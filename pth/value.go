@@ -47,13 +47,24 @@ type Dict struct {
 	// state dict's "_metadata". Nil when none.
 	State *Dict
 
-	keys  []Value
-	vals  []Value
+	keys []Value
+	vals []Value
+	// strs indexes the string keys, index the others: a state dict is
+	// looked up by string thousands of times per conversion, and a string
+	// map hashes only the string.
+	strs  map[string]int
 	index map[hashKey]int
 }
 
 // NewDict returns an empty dict.
-func NewDict(ordered bool) *Dict { return &Dict{Ordered: ordered, index: map[hashKey]int{}} }
+func NewDict(ordered bool) *Dict { return &Dict{Ordered: ordered} }
+
+// newDictSized is NewDict with room for n entries: the pickle says how
+// many a dict it decodes holds, and a state dict's thousand keys grew
+// its index a dozen times otherwise.
+func newDictSized(ordered bool, n int) *Dict {
+	return &Dict{Ordered: ordered, keys: make([]Value, 0, n), vals: make([]Value, 0, n)}
+}
 
 // Len is the number of entries.
 func (d *Dict) Len() int { return len(d.keys) }
@@ -66,6 +77,9 @@ func (d *Dict) Entry(i int) (Value, Value) { return d.keys[i], d.vals[i] }
 
 // Get looks a key up.
 func (d *Dict) Get(k Value) (Value, bool) {
+	if s, ok := k.(string); ok {
+		return d.getString(s)
+	}
 	h, err := hashOf(k)
 	if err != nil {
 		return nil, false
@@ -77,21 +91,71 @@ func (d *Dict) Get(k Value) (Value, bool) {
 	return d.vals[i], true
 }
 
-// Set adds or replaces an entry; a replaced entry keeps its position, as in
-// Python. It fails for an unhashable key.
-func (d *Dict) Set(k, v Value) error {
+// getString is Get of a string key, without boxing it.
+func (d *Dict) getString(s string) (Value, bool) {
+	i, ok := d.strs[s]
+	if !ok {
+		return nil, false
+	}
+	return d.vals[i], true
+}
+
+// find returns where key k is, or that it is absent; it fails for an
+// unhashable key.
+func (d *Dict) find(k Value) (int, bool, error) {
+	if s, ok := k.(string); ok {
+		i, ok := d.strs[s]
+		return i, ok, nil
+	}
 	h, err := hashOf(k)
 	if err != nil {
-		return err
+		return 0, false, err
 	}
+	i, ok := d.index[h]
+	return i, ok, nil
+}
+
+// place records that key k (hashable) is at position i.
+func (d *Dict) place(k Value, i int) {
+	if s, ok := k.(string); ok {
+		if d.strs == nil {
+			d.strs = make(map[string]int, cap(d.keys))
+		}
+		d.strs[s] = i
+		return
+	}
+	h, _ := hashOf(k)
 	if d.index == nil {
 		d.index = map[hashKey]int{}
 	}
-	if i, ok := d.index[h]; ok {
+	d.index[h] = i
+}
+
+// add adds an entry whose key is new, and reports a key already present
+// (leaving the dict as it was) or unhashable.
+func (d *Dict) add(k, v Value) (dup bool, err error) {
+	_, dup, err = d.find(k)
+	if err != nil || dup {
+		return dup, err
+	}
+	d.place(k, len(d.keys))
+	d.keys = append(d.keys, k)
+	d.vals = append(d.vals, v)
+	return false, nil
+}
+
+// Set adds or replaces an entry; a replaced entry keeps its position, as in
+// Python. It fails for an unhashable key.
+func (d *Dict) Set(k, v Value) error {
+	i, ok, err := d.find(k)
+	if err != nil {
+		return err
+	}
+	if ok {
 		d.vals[i] = v
 		return nil
 	}
-	d.index[h] = len(d.keys)
+	d.place(k, len(d.keys))
 	d.keys = append(d.keys, k)
 	d.vals = append(d.vals, v)
 	return nil
@@ -99,20 +163,20 @@ func (d *Dict) Set(k, v Value) error {
 
 // Delete removes a key and reports whether it was present.
 func (d *Dict) Delete(k Value) bool {
-	h, err := hashOf(k)
-	if err != nil {
-		return false
-	}
-	i, ok := d.index[h]
-	if !ok {
+	i, ok, err := d.find(k)
+	if err != nil || !ok {
 		return false
 	}
 	d.keys = append(d.keys[:i], d.keys[i+1:]...)
 	d.vals = append(d.vals[:i], d.vals[i+1:]...)
-	delete(d.index, h)
+	if s, ok := k.(string); ok {
+		delete(d.strs, s)
+	} else {
+		h, _ := hashOf(k)
+		delete(d.index, h)
+	}
 	for j := i; j < len(d.keys); j++ {
-		hj, _ := hashOf(d.keys[j])
-		d.index[hj] = j
+		d.place(d.keys[j], j)
 	}
 	return true
 }
@@ -306,6 +370,9 @@ type Storage struct {
 	// (Prewrite) shares nothing that changes.
 	verified bool
 	kept     []byte
+	// ahead holds a small stored record's bytes read along with another
+	// record's, not yet checked (readSmallRecord; guarded by its mutex).
+	ahead []byte
 }
 
 // record locates a storage's bytes in the input file.

@@ -223,7 +223,7 @@ func (r *reaches) walk(v *graph.Value) *reach {
 // returned as a function that says it: the report keeps only the first
 // reason per site, and a DenseNet's thousands of negative channels are
 // mostly blocked, so formatting each was a large part of the pass.
-func foldBlocker(st *State, r *reaches, p *graph.Node, pc int, keyUsers map[string]int) ([]hit, func() string) {
+func foldBlocker(st *State, r *reaches, p *graph.Node, pc int, keys *foldKeys) ([]hit, func() string) {
 	wkey := p.Params[graph.RoleWeight]
 	if wkey == "" {
 		return nil, func() string { return fmt.Sprintf("%s %s has no weight parameter", p.Op, p.Name) }
@@ -233,13 +233,12 @@ func foldBlocker(st *State, r *reaches, p *graph.Node, pc int, keyUsers map[stri
 		if key == "" {
 			continue
 		}
-		shape, ok := st.w.Shape(key)
-		if !ok || len(shape) == 0 || pc >= shape[0] {
+		if pc >= keys.outChannels(st.w, key) {
 			return nil, func() string {
 				return fmt.Sprintf("%s %s: parameter %q has no output channel %d", p.Op, p.Name, key, pc)
 			}
 		}
-		if keyUsers[key] > 1 {
+		if keys.users[key] > 1 {
 			return nil, func() string { return fmt.Sprintf("%s %s shares parameter %q with another node", p.Op, p.Name, key) }
 		}
 	}
@@ -265,15 +264,37 @@ func foldBlocker(st *State, r *reaches, p *graph.Node, pc int, keyUsers map[stri
 	return hits, nil
 }
 
+// foldKeys is what foldBlocker asks of a producer's parameters, per key:
+// how many nodes use it, and its output channels (dim 0), looked up once
+// rather than once per negative channel (a Shape call copies the shape).
+type foldKeys struct {
+	users map[string]int
+	dim0  map[string]int
+}
+
+// outChannels is key's dim 0, 0 for a missing or scalar tensor (no
+// channel is below it).
+func (k *foldKeys) outChannels(w graph.Weights, key string) int {
+	if n, ok := k.dim0[key]; ok {
+		return n
+	}
+	n := 0
+	if shape, ok := w.Shape(key); ok && len(shape) > 0 {
+		n = shape[0]
+	}
+	k.dim0[key] = n
+	return n
+}
+
 // foldSigns makes negative gammas of in-place sites positive by negating the
 // producing channel: weight[pc, ...] and bias[pc] of the convolution, and
 // gamma and running_mean at every site that reads the channel, so that
 // (-x - (-mu)) / sigma * (-gamma) + beta is what the BN computed before.
 func foldSigns(st *State) error {
-	keyUsers := map[string]int{}
+	keys := &foldKeys{users: map[string]int{}, dim0: map[string]int{}}
 	for _, n := range st.g.Nodes {
 		for _, k := range n.Params {
-			keyUsers[k]++
+			keys.users[k]++
 		}
 	}
 	type src struct {
@@ -304,7 +325,7 @@ func foldSigns(st *State) error {
 				s.block(c, why)
 				continue
 			}
-			hits, blocker := foldBlocker(st, reach, p, pc, keyUsers)
+			hits, blocker := foldBlocker(st, reach, p, pc, keys)
 			if blocker != nil {
 				blocked[src{p, pc}] = blocker
 				s.block(c, blocker)
@@ -395,10 +416,12 @@ func flip(st *State, s *site, neg []int) error {
 	}
 	for _, c := range neg {
 		sign[c] = -sign[c]
-		for _, role := range []string{graph.RoleWeight, graph.RoleRunningMean} {
-			if err := st.t.negateVec(s.key(role), c); err != nil {
-				return fmt.Errorf("node %s: %w", s.bn.Name, err)
-			}
+	}
+	// neg comes from gamma's own indices, so only a running_mean shorter
+	// than gamma can fail, at the first channel past its end either way.
+	for _, role := range []string{graph.RoleWeight, graph.RoleRunningMean} {
+		if err := st.t.negateVecAt(s.key(role), neg); err != nil {
+			return fmt.Errorf("node %s: %w", s.bn.Name, err)
 		}
 	}
 	s.bn.Sign = sign

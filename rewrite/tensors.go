@@ -3,6 +3,7 @@ package rewrite
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 
 	"github.com/abnconvert/abnconvert/graph"
@@ -24,15 +25,17 @@ type tensors struct {
 	// number of times (those are reported). Both are indexed by channel
 	// (grown as needed): a fold touches thousands of channels, which maps
 	// of maps made the largest cost of the pass.
-	negate  map[string][]bool
-	flips   map[string][]bool
+	negate map[string][]bool
+	// flips are pointers, which the cached vectors keep, so that negating
+	// a vector's entry costs one lookup rather than two.
+	flips   map[string]*[]bool
 	changed map[string]bool
 }
 
 func newTensors(w graph.Weights) *tensors {
 	return &tensors{
 		w: w, cache: map[string]*cached{},
-		negate: map[string][]bool{}, flips: map[string][]bool{}, changed: map[string]bool{},
+		negate: map[string][]bool{}, flips: map[string]*[]bool{}, changed: map[string]bool{},
 	}
 }
 
@@ -40,13 +43,28 @@ func newTensors(w graph.Weights) *tensors {
 // by doubling: the channels of a key come in increasing order.
 func toggle(m map[string][]bool, key string, i int) {
 	b := m[key]
-	if i >= len(b) {
-		nb := make([]bool, max(i+1, 2*len(b), 64))
-		copy(nb, b)
-		b = nb
-		m[key] = b
+	toggleAt(&b, i)
+	m[key] = b
+}
+
+// toggleAt flips index i (not negative) of *b, growing it as toggle does.
+func toggleAt(b *[]bool, i int) {
+	if i >= len(*b) {
+		nb := make([]bool, max(i+1, 2*len(*b), 64))
+		copy(nb, *b)
+		*b = nb
 	}
-	b[i] = !b[i]
+	(*b)[i] = !(*b)[i]
+}
+
+// flipsOf is key's flips, made on first use.
+func (t *tensors) flipsOf(key string) *[]bool {
+	p := t.flips[key]
+	if p == nil {
+		p = new([]bool)
+		t.flips[key] = p
+	}
+	return p
 }
 
 // cached is a vector of the cache: cur is what the pass sees and may
@@ -55,33 +73,75 @@ func toggle(m map[string][]bool, key string, i int) {
 type cached struct {
 	cur, orig []float64
 	touched   bool
+	flips     *[]bool // the vector's flips (flipsOf), nil until negated
 }
 
 // vec returns the cached, mutable values of a per-channel vector.
 func (t *tensors) vec(key string) ([]float64, error) {
+	c, err := t.entry(key)
+	if err != nil {
+		return nil, err
+	}
+	return c.cur, nil
+}
+
+// entry is vec's cache entry, marked touched.
+func (t *tensors) entry(key string) (*cached, error) {
 	if c, ok := t.cache[key]; ok {
 		c.touched = true
-		return c.cur, nil
+		return c, nil
 	}
 	v, err := t.w.Values(key)
 	if err != nil {
 		return nil, fmt.Errorf("reading %q: %w", key, err)
 	}
-	t.cache[key] = &cached{cur: v, orig: append([]float64(nil), v...), touched: true}
-	return v, nil
+	c := &cached{cur: v, orig: append([]float64(nil), v...), touched: true}
+	t.cache[key] = c
+	return c, nil
+}
+
+// cachedFlips is a cached vector's flips.
+func (t *tensors) cachedFlips(key string, c *cached) *[]bool {
+	if c.flips == nil {
+		c.flips = t.flipsOf(key)
+	}
+	return c.flips
 }
 
 // negateVec flips the sign of v[i] for the vector at key now.
 func (t *tensors) negateVec(key string, i int) error {
-	v, err := t.vec(key)
+	c, err := t.entry(key)
 	if err != nil {
 		return err
 	}
+	v := c.cur
 	if i < 0 || i >= len(v) {
 		return fmt.Errorf("%q has %d entries, no index %d", key, len(v), i)
 	}
 	v[i] = -v[i]
-	t.flipped(key, i)
+	toggleAt(t.cachedFlips(key, c), i)
+	return nil
+}
+
+// negateVecAt is negateVec for each index of idx, with one lookup of the
+// vector and one of its flips: flip-signs negates thousands of channels of
+// a DenseNet, each a handful of map lookups otherwise.
+func (t *tensors) negateVecAt(key string, idx []int) error {
+	if len(idx) == 0 {
+		return nil
+	}
+	c, err := t.entry(key)
+	if err != nil {
+		return err
+	}
+	v, b := c.cur, t.cachedFlips(key, c)
+	for _, i := range idx {
+		if i < 0 || i >= len(v) {
+			return fmt.Errorf("%q has %d entries, no index %d", key, len(v), i)
+		}
+		v[i] = -v[i]
+		toggleAt(b, i)
+	}
 	return nil
 }
 
@@ -92,11 +152,9 @@ func (t *tensors) negateSlice(key string, i int) error {
 	}
 	// Queued twice means flipped twice: no change at all.
 	toggle(t.negate, key, i)
-	t.flipped(key, i)
+	toggleAt(t.flipsOf(key), i)
 	return nil
 }
-
-func (t *tensors) flipped(key string, i int) { toggle(t.flips, key, i) }
 
 // flush writes every changed vector and applies the queued negations. What
 // stays cached is what the store holds.
@@ -216,16 +274,17 @@ func differ(a, b []float64) bool {
 
 // flipReport returns the odd-count flips per key, sorted.
 func (t *tensors) flipReport() map[string][]int {
-	out := map[string][]int{}
+	out := make(map[string][]int, len(t.flips))
+	var scratch []int // gathered once, then copied at its size
 	for k, odd := range t.flips {
-		var idx []int
-		for i, on := range odd {
+		scratch = scratch[:0]
+		for i, on := range *odd {
 			if on {
-				idx = append(idx, i)
+				scratch = append(scratch, i)
 			}
 		}
-		if len(idx) > 0 {
-			out[k] = idx
+		if len(scratch) > 0 {
+			out[k] = slices.Clone(scratch)
 		}
 	}
 	return out
