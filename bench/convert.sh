@@ -31,17 +31,19 @@ go build -o bin/abnconvert ./cmd/abnconvert
 # The wall time is taken with bash's EPOCHREALTIME (microseconds) around
 # /usr/bin/time, which gives the peak RSS: its own %e has 10 ms steps, as
 # long as a third of `cp` of densenet201.
-measure() { # prints "seconds maxrss_kb": the best time and the largest RSS of 3 runs
+# The CPU time (user + system, the least of the 3) is reported too: on a
+# shared machine it moves less than the wall time.
+measure() { # prints "seconds maxrss_kb cpu_seconds": the best time, the largest RSS, the least CPU of 3 runs
   local out=$1; shift
   local runs=() t0 t1
   for _ in 1 2 3; do
     rm -f "$out"
     t0=$EPOCHREALTIME
-    /usr/bin/time -f "%M" -o "$dir/time.txt" "$@" >/dev/null 2>"$dir/stderr.txt" || { cat "$dir/stderr.txt" >&2; return 1; }
+    /usr/bin/time -f "%M %U %S" -o "$dir/time.txt" "$@" >/dev/null 2>"$dir/stderr.txt" || { cat "$dir/stderr.txt" >&2; return 1; }
     t1=$EPOCHREALTIME
-    runs+=("$(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.3f", b-a}') $(cat "$dir/time.txt")")
+    runs+=("$(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.3f", b-a}') $(awk '{printf "%s %.2f", $1, $2+$3}' "$dir/time.txt")")
   done
-  printf '%s\n' "${runs[@]}" | sort -n | awk 'NR==1{t=$1} {if ($2>m) m=$2} END{print t, m}'
+  printf '%s\n' "${runs[@]}" | sort -n | awk 'NR==1{t=$1; c=$3} {if ($2>m) m=$2; if ($3<c) c=$3} END{print t, m, c}'
 }
 
 {
@@ -50,8 +52,8 @@ measure() { # prints "seconds maxrss_kb": the best time and the largest RSS of 3
   echo "Command: \`bash bench/convert.sh ${models[*]}\` on $(nproc) cores, $(date -u +%Y-%m-%d), commit $(git rev-parse --short HEAD), $(/usr/bin/python3 -c 'import torch; print("torch", torch.__version__)')."
   echo "Best of 3 runs, page cache warm; peak RSS is the largest of the 3. Checkpoints from \`bench/trained_like.py\`."
   echo
-  echo "| checkpoint | BN | size | cp | abnconvert | ratio to cp | abnconvert peak RSS | abnconvert --fsync | Python baseline | baseline peak RSS |"
-  echo "|---|---|---|---|---|---|---|---|---|---|"
+  echo "| checkpoint | BN | size | cp | abnconvert | ratio to cp | abnconvert peak RSS | cp CPU | abnconvert CPU | abnconvert --fsync | Python baseline | baseline peak RSS |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
 } > "$dir/table.md"
 
 for m in "${models[@]}"; do
@@ -62,17 +64,17 @@ for m in "${models[@]}"; do
     fi
     size=$(stat -c %s "$in")
     cp "$in" "$dir/warm.pth" && rm -f "$dir/warm.pth"
-    read -r cpt cpm < <(measure "$dir/cp.pth" cp "$in" "$dir/cp.pth")
-    read -r abt abm < <(measure "$dir/abn.pth" bin/abnconvert convert --input "$in" --output "$dir/abn.pth" --quiet)
-    read -r aft afm < <(measure "$dir/abn.pth" bin/abnconvert convert --input "$in" --output "$dir/abn.pth" --quiet --fsync)
+    read -r cpt cpm cpc < <(measure "$dir/cp.pth" cp "$in" "$dir/cp.pth")
+    read -r abt abm abc < <(measure "$dir/abn.pth" bin/abnconvert convert --input "$in" --output "$dir/abn.pth" --quiet)
+    read -r aft afm afc < <(measure "$dir/abn.pth" bin/abnconvert convert --input "$in" --output "$dir/abn.pth" --quiet --fsync)
     if [ -z "${SKIP_PYTHON:-}" ]; then
-      read -r pyt pym < <(measure "$dir/py.pth" /usr/bin/python3 "$baseline" "$in" "$dir/py.pth")
+      read -r pyt pym pyc < <(measure "$dir/py.pth" /usr/bin/python3 "$baseline" "$in" "$dir/py.pth")
       py="$pyt s | $((pym/1024)) MB"
     else
       py="- | -"
     fi
     ratio=$(awk -v a="$abt" -v c="$cpt" 'BEGIN{ if (c>0) printf "%.2fx", a/c; else print "n/a" }')
-    printf '| %s | %s | %d MB | %s s | %s s | %s | %d MB | %s s | %s |\n' "$m" "$form" $((size/1000000)) "$cpt" "$abt" "$ratio" $((abm/1024)) "$aft" "$py" >> "$dir/table.md"
+    printf '| %s | %s | %d MB | %s s | %s s | %s | %d MB | %s s | %s s | %s s | %s |\n' "$m" "$form" $((size/1000000)) "$cpt" "$abt" "$ratio" $((abm/1024)) "$cpc" "$abc" "$aft" "$py" >> "$dir/table.md"
     rm -f "$dir/cp.pth" "$dir/abn.pth" "$dir/py.pth"
   done
 done
