@@ -299,25 +299,8 @@ func TestStoredRecordPastEnd(t *testing.T) {
 // CRC-32 must not be decoded into values (a conversion would then write the
 // corruption out as if it were real), and a second read fails as well.
 func TestCorruptRecordValues(t *testing.T) {
-	dir := t.TempDir()
-	in := filepath.Join(dir, "in.pth")
-	copyFile(t, filepath.Join("testdata", "convbn_zip.pth"), in)
-	c, err := Open(in)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
 	key := "1.running_var"
-	tn, ok := c.Tensor(key)
-	if !ok {
-		t.Fatalf("fixture has no %s", key)
-	}
-	f, err := os.OpenFile(in, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.WriteAt([]byte{0x00, 0x00, 0x80, 0xbf}, tn.Storage.rec.offset) // -1.0
-	f.Close()
+	c, in := openCorrupted(t, t.TempDir(), key, 0, []byte{0x00, 0x00, 0x80, 0xbf}) // -1.0
 	for i := 0; i < 2; i++ {
 		if v, err := c.Values(key); err == nil || !strings.Contains(err.Error(), "CRC-32") {
 			t.Errorf("read %d: values %v, error %v; want a CRC-32 error", i, v, err)

@@ -145,22 +145,7 @@ func TestPrewriteSameBytes(t *testing.T) {
 // the copy runs.
 func TestPrewriteCorruptRecord(t *testing.T) {
 	dir := t.TempDir()
-	in := filepath.Join(dir, "in.pth")
-	copyFile(t, filepath.Join("testdata", "convbn_zip.pth"), in)
-	c, err := Open(in)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	w, _ := c.Tensor("1.running_mean")
-	f, err := os.OpenFile(in, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.WriteAt([]byte{0xde, 0xad}, w.Storage.rec.offset+2); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
+	c, _ := openCorrupted(t, dir, "1.running_mean", 2, []byte{0xde, 0xad})
 	out := filepath.Join(dir, "out.pth")
 	for _, mapped := range []bool{true, false} {
 		mapCopy = mapped

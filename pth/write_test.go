@@ -279,22 +279,7 @@ func TestWriteRefusals(t *testing.T) {
 // file.
 func TestFailedWriteLeavesNothing(t *testing.T) {
 	dir := t.TempDir()
-	in := filepath.Join(dir, "in.pth")
-	copyFile(t, filepath.Join("testdata", "convbn_zip.pth"), in)
-	c, err := Open(in)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	w, _ := c.Tensor("1.running_mean")
-	f, err := os.OpenFile(in, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.WriteAt([]byte{0xde, 0xad}, w.Storage.rec.offset+2); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
+	c, _ := openCorrupted(t, dir, "1.running_mean", 2, []byte{0xde, 0xad})
 	out := filepath.Join(dir, "out.pth")
 	if err := c.Write(out, WriteOptions{}); err == nil || !strings.Contains(err.Error(), "CRC-32") {
 		t.Errorf("Write from a corrupted record: %v, want a CRC-32 error", err)
@@ -329,6 +314,34 @@ func TestZip64(t *testing.T) {
 	}
 	readZip(t, out)
 	verifyWithTorch(t, c, out)
+}
+
+// openCorrupted copies convbn_zip.pth to dir/in.pth, opens the copy, then
+// overwrites bytes of key's record, at offset at, with b: a checkpoint
+// whose structure read fine and whose record no longer matches its CRC.
+// The checkpoint is closed when the test ends.
+func openCorrupted(t *testing.T, dir, key string, at int64, b []byte) (*Checkpoint, string) {
+	t.Helper()
+	in := filepath.Join(dir, "in.pth")
+	copyFile(t, filepath.Join("testdata", "convbn_zip.pth"), in)
+	c, err := Open(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	tn, ok := c.Tensor(key)
+	if !ok {
+		t.Fatalf("fixture has no %s", key)
+	}
+	f, err := os.OpenFile(in, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteAt(b, tn.Storage.rec.offset+at); err != nil {
+		t.Fatal(err)
+	}
+	return c, in
 }
 
 func copyFile(t *testing.T, from, to string) {
