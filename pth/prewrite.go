@@ -190,9 +190,10 @@ func (p *Prewrite) finish() error {
 		}
 	}
 	if !same {
+		// Nothing the copy wrote stays: stop it rather than let it finish.
 		release()
-		<-p.done
-		if err := p.failed(); err != nil {
+		p.Stop()
+		if err := p.failed(); err != nil && !errors.Is(err, errStopped) {
 			return err
 		}
 		p.rewound = true
