@@ -130,8 +130,12 @@ func (c *Checkpoint) batchable(st *Storage) bool {
 
 // batchBuf is the size of one of copyBatch's buffers, the most bytes it
 // reads in one group (the tests lower it to split their small fixtures
-// into several groups).
-var batchBuf int64 = 4 << 20
+// into several groups). It is mapMin, so that every stored record under
+// mapMin is batched: larger buffers cost more than the system calls they
+// save, since each page of a fresh buffer faults on its first read (on
+// densenet201 trained, 4 MiB buffers: median CPU 142 ms, 1 MiB: 115 ms,
+// 15 runs each, alternated).
+var batchBuf int64 = 1 << 20
 
 // batchGap is the most bytes between two records that one read spans (a
 // zip header and its padding) rather than reading them apart.

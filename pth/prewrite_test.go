@@ -183,18 +183,13 @@ func TestPrewriteCorruptRecord(t *testing.T) {
 // tests' mapMin), none when records under 1 MiB are not (the default).
 func TestWorthPrewriting(t *testing.T) {
 	c := openFixture(t, "convbn_zip")
-
-	plan, err := c.plan()
-	if err != nil {
-		t.Fatal(err)
-	}
 	defer func(m int64) { mapMin = m }(mapMin)
 	for _, tc := range []struct {
 		mapMin int64
 		want   bool
 	}{{1, true}, {1 << 20, false}} {
 		mapMin = tc.mapMin
-		if got := c.worthPrewriting(plan); got != tc.want {
+		if got := c.worthPrewriting(); got != tc.want {
 			t.Errorf("mapMin %d: worthPrewriting = %v, want %v", tc.mapMin, got, tc.want)
 		}
 	}
