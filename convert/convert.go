@@ -17,6 +17,7 @@ import (
 	"github.com/abnconvert/abnconvert/arch"
 	"github.com/abnconvert/abnconvert/emit"
 	"github.com/abnconvert/abnconvert/model"
+	"github.com/abnconvert/abnconvert/pth"
 	"github.com/abnconvert/abnconvert/rewrite"
 )
 
@@ -137,17 +138,30 @@ func Run(opt Options) (*Result, error) {
 	}
 	ck := m.Checkpoint
 
-	// The output is written from here on, while the conversion decides
-	// what it changes (pth.Prewrite): a refused conversion still leaves
+	// The output is written while the conversion decides what it changes
+	// (pth.Prewrite): from here on where it folds no sign, else once the
+	// signs are settled (foldsSigns). A refused conversion still leaves
 	// nothing behind, since the set renames nothing into place before
 	// Commit and Abort removes what was written.
 	set := outputs(opt.Force, opt.Fsync, opt.Input)
 	defer set.Abort()
-	pw, err := ck.Prewrite(set, opt.Output)
-	if err != nil {
-		return nil, err
+	var pw *pth.Prewrite
+	defer func() { // before Abort removes the file
+		if pw != nil {
+			pw.Stop()
+		}
+	}()
+	startCopy := func() (err error) {
+		if pw == nil {
+			pw, err = ck.Prewrite(set, opt.Output)
+		}
+		return err
 	}
-	defer pw.Stop() // before Abort removes the file
+	if !foldsSigns(ck) {
+		if err := startCopy(); err != nil {
+			return nil, err
+		}
+	}
 
 	g, match, err := arch.Recognize(ck, opt.Arch)
 	if err != nil {
@@ -162,9 +176,18 @@ func Run(opt Options) (*Result, error) {
 		return nil, err
 	}
 
-	rep, err := rewrite.Run(g, ck, rewriteOptions(opt))
+	ropt := rewriteOptions(opt)
+	var copyErr error // an error of the output's, not the input's
+	ropt.SignsSettled = func() error { copyErr = startCopy(); return copyErr }
+	rep, err := rewrite.Run(g, ck, ropt)
+	if copyErr != nil {
+		return nil, copyErr
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", opt.Input, err)
+	}
+	if err := startCopy(); err != nil { // (every pipeline settles its signs)
+		return nil, err
 	}
 	res := &Result{
 		Input: opt.Input, Output: opt.Output, Module: opt.EmitModule,
@@ -214,6 +237,40 @@ func Run(opt Options) (*Result, error) {
 	}
 	opt.progress("done in %.2fs", res.Seconds)
 	return res, nil
+}
+
+// foldsSigns reports whether the checkpoint's BatchNorm weights (a
+// ".weight" beside a ".running_var") have a negative entry: signs the
+// conversion folds into the channels of the producing convolutions. The
+// early copy then starts once those are settled
+// (rewrite.Options.SignsSettled), with their flips, rather than at once: a
+// producer's record copied before its flips are known is read back and
+// written over while the copy goes on, which costs more than the copy's
+// head start (resnext101_32x8d trained: 62 ms of edits beside a 100 ms
+// copy). It reads the vectors validation and the rewrite read next (kept
+// in memory once read); it guesses only when the copy starts, and Finish
+// makes the output right either way.
+func foldsSigns(ck *pth.Checkpoint) bool {
+	var buf []float64
+	for _, key := range ck.Keys() {
+		base, ok := strings.CutSuffix(key, ".weight")
+		if !ok {
+			continue
+		}
+		if shape, ok := ck.Shape(base + ".running_var"); !ok || len(shape) != 1 {
+			continue
+		}
+		var err error
+		if buf, err = ck.AppendValues(buf[:0], key); err != nil {
+			continue // validation reports it
+		}
+		for _, x := range buf {
+			if x < 0 {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func rewriteOptions(opt Options) rewrite.Options {

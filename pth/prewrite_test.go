@@ -17,7 +17,17 @@ import (
 // a tensor a record of its own (a new layout).
 func changeSome(t *testing.T, c *Checkpoint) {
 	t.Helper()
+	changeSomeOf(t, c, func(int) bool { return true })
+}
+
+// changeSomeOf is changeSome on the keys whose index in c.Keys() which
+// accepts.
+func changeSomeOf(t *testing.T, c *Checkpoint, which func(i int) bool) {
+	t.Helper()
 	for i, key := range c.Keys() {
+		if !which(i) {
+			continue
+		}
 		shape, _ := c.Shape(key)
 		tn, _ := c.Tensor(key)
 		switch {
@@ -48,7 +58,7 @@ func TestPrewriteSameBytes(t *testing.T) {
 		mapCopy, batchCopy, batchBuf, editSpan, holdCopy, holdCopyAt, prewriteShare = true, true, buf, span, nil, 0, share
 	}(batchBuf, editSpan, prewriteShare)
 	prewriteShare = 0 // early in every mode
-	var taken, patched, rewound, midway int
+	var taken, patched, rewound, midway, startedNegated, renegated int
 	for _, name := range files {
 		path := filepath.Join("testdata", name)
 		ref, err := Open(path)
@@ -56,11 +66,16 @@ func TestPrewriteSameBytes(t *testing.T) {
 			t.Fatal(err)
 		}
 		changeSome(t, ref)
-		var want bytes.Buffer
+		var want, wantAgain bytes.Buffer
 		if _, err := ref.WriteTo(&want); err != nil {
 			t.Fatal(err)
 		}
+		again := negateAgain(t, ref)
+		if _, err := ref.WriteTo(&wantAgain); err != nil {
+			t.Fatal(err)
+		}
 		ref.Close()
+		half := len(ref.Keys()) / 2
 		for _, mode := range []struct {
 			name            string
 			mapped, batched bool
@@ -71,7 +86,7 @@ func TestPrewriteSameBytes(t *testing.T) {
 			{"batched in 1 KiB groups, 100-byte edit spans", false, true, 1 << 10, 100},
 			{"one by one", false, false, batchBuf, editSpan},
 		} {
-			for _, when := range []string{"copy done first", "negations first", "negations midway"} {
+			for _, when := range []string{"copy done first", "negations first", "negations midway", "started after half the changes", "negated again after the start"} {
 				early := when == "negations first"
 				t.Run(name+"/"+mode.name+"/"+when, func(t *testing.T) {
 					mapCopy, batchCopy, batchBuf, editSpan = mode.mapped, mode.batched, mode.buf, mode.span
@@ -91,15 +106,37 @@ func TestPrewriteSameBytes(t *testing.T) {
 					out := filepath.Join(dir, "out.pth")
 					set := output.New(output.Options{})
 					defer set.Abort()
+					negatedBefore := false
+					switch when {
+					case "started after half the changes":
+						changeSomeOf(t, c, func(i int) bool { return i < half })
+						negatedBefore = hasNegations(c)
+					case "negated again after the start":
+						changeSome(t, c)
+					}
 					p, err := c.Prewrite(set, out)
 					if err != nil {
 						t.Fatal(err)
 					}
 					defer p.Stop()
-					if when == "copy done first" {
+					want := want
+					switch when {
+					case "copy done first":
 						<-p.done
+						changeSome(t, c)
+					case "started after half the changes":
+						changeSomeOf(t, c, func(i int) bool { return i >= half })
+						if p.plan != nil && !p.rewound && !p.plan.hasNegations() && negatedBefore {
+							t.Errorf("the copy's plan has none of the negations made before it started")
+						}
+					case "negated again after the start":
+						if again != negateAgain(t, c) {
+							t.Fatal("negateAgain picked another tensor")
+						}
+						want = wantAgain
+					default:
+						changeSome(t, c)
 					}
-					changeSome(t, c)
 					if err := p.Finish(); err != nil {
 						t.Fatal(err)
 					}
@@ -109,6 +146,16 @@ func TestPrewriteSameBytes(t *testing.T) {
 					got, err := os.ReadFile(out)
 					if err != nil {
 						t.Fatal(err)
+					}
+					if when == "negated again after the start" && again != "" && p.plan != nil {
+						if !p.rewound {
+							t.Errorf("channels of %s negated again after the copy negated them: Finish did not write the file again", again)
+						} else if sameLayoutOnly(t, c, p.plan) {
+							renegated++ // rewound for the negations alone
+						}
+					}
+					if when == "started after half the changes" && p.plan != nil && !p.rewound && p.plan.hasNegations() {
+						startedNegated++
 					}
 					if !bytes.Equal(got, want.Bytes()) {
 						t.Fatalf("early write gave %d bytes that differ from Write's %d (rewound %v, %d taken on the way)", len(got), want.Len(), p.rewound, len(p.late.taken))
@@ -126,17 +173,74 @@ func TestPrewriteSameBytes(t *testing.T) {
 					default:
 						patched++
 					}
-					if when == "negations midway" && p.plan != nil && !p.rewound && p.editedMidway > 0 {
-						midway++
+					if when == "negations midway" && p.plan != nil && !p.rewound && len(p.late.taken) > 0 {
+						if plan, err := c.plan(); err == nil && negatedRecords(plan) > len(p.late.taken) {
+							midway++ // some negations taken on the way, some edited after, in one run
+						}
 					}
 				})
 			}
 		}
 	}
 	// Each path was taken somewhere, or the test checks less than it says.
-	if taken == 0 || patched == 0 || rewound == 0 || midway == 0 {
-		t.Errorf("paths taken: negations on the way %d, filled in afterwards %d, rewritten %d, edits while the copy went on %d: want each", taken, patched, rewound, midway)
+	if taken == 0 || patched == 0 || rewound == 0 || midway == 0 || startedNegated == 0 || renegated == 0 {
+		t.Errorf("paths taken: negations on the way %d, filled in afterwards %d, rewritten %d, both in one run %d, "+
+			"negations in the copy's own plan %d, rewritten for negations changed after it %d: want each",
+			taken, patched, rewound, midway, startedNegated, renegated)
 	}
+}
+
+// sameLayoutOnly reports whether c's plan now has the layout of the
+// copy's plan a, so that only the negations can have made Finish write
+// the file again.
+func sameLayoutOnly(t *testing.T, c *Checkpoint, a *writePlan) bool {
+	t.Helper()
+	b, err := c.plan()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sameLayout(a, b)
+}
+
+// negateAgain negates channel 0 of the first tensor changeSome negated
+// once more (so that it is negated on the others only), returning its key
+// ("" when changeSome negated none).
+func negateAgain(t *testing.T, c *Checkpoint) string {
+	t.Helper()
+	for _, key := range c.Keys() {
+		if tn, _ := c.Tensor(key); len(tn.negate) > 1 {
+			if _, err := c.NegateChannels(key, []int{0}); err != nil {
+				t.Fatalf("%s: %v", key, err)
+			}
+			return key
+		}
+	}
+	return ""
+}
+
+// hasNegations reports whether a tensor of c has channels negated as its
+// record is written (not decoded and set: those are new contents).
+func hasNegations(c *Checkpoint) bool {
+	for _, key := range c.Keys() {
+		if tn, _ := c.Tensor(key); tn.negate != nil && tn.pending == nil {
+			return true
+		}
+	}
+	return false
+}
+
+// hasNegations reports whether the plan copies a record with negations.
+func (p *writePlan) hasNegations() bool { return negatedRecords(p) > 0 }
+
+// negatedRecords counts the records the plan copies with negations.
+func negatedRecords(p *writePlan) int {
+	n := 0
+	for _, s := range p.storages {
+		if s.negated != nil {
+			n++
+		}
+	}
+	return n
 }
 
 // TestPrewriteCorruptRecord: a record whose bytes do not match its CRC,

@@ -59,6 +59,13 @@ type Options struct {
 	// DumpAfter names a pass after which g.String() is written to Dump.
 	DumpAfter string
 	Dump      io.Writer
+	// SignsSettled, when set, is called once the store holds every
+	// channel negation the conversion makes (graph.ChannelNegater): after
+	// the last pass that makes any (signsSettledAfter), before the passes
+	// that follow it, which change values and the graph only. A writer
+	// that copies the producers' records can start then with their flips
+	// known (see pth.Prewrite).
+	SignsSettled func() error
 }
 
 func (o Options) normalised() (Options, error) {
@@ -176,6 +183,11 @@ func run(g *graph.Graph, w graph.Weights, opt Options, after func(p Pass, st *St
 		if err := st.runPass(p); err != nil {
 			return nil, err
 		}
+		if p.Name == signsSettledAfter && opt.SignsSettled != nil {
+			if err := opt.SignsSettled(); err != nil {
+				return nil, err
+			}
+		}
 		if after != nil {
 			if err := after(p, st); err != nil {
 				return nil, err
@@ -198,6 +210,12 @@ func newState(g *graph.Graph, w graph.Weights, opt Options) (*State, error) {
 	}
 	return &State{g: g, w: w, opt: opt, byNode: map[*graph.Node]*site{}, t: newTensors(w)}, nil
 }
+
+// signsSettledAfter is the last pass that negates channels of stored
+// tensors (fold-signs, through tensors.negateSlice); flip-signs and the
+// passes after it change only per-channel vectors, which are rewritten
+// whole, and the graph. TestSignsSettled holds the pipeline to it.
+const signsSettledAfter = "fold-signs"
 
 // checkEachPass validates the graph after every pass, as the compiler's
 // SSA checker runs between passes when asked: this package's tests set
