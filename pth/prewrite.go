@@ -279,6 +279,16 @@ func (c *Checkpoint) worthPrewriting() bool {
 	return float64(mapped) >= prewriteShare*float64(total)
 }
 
+// PrewriteEverything makes every Prewrite copy early, each stored record
+// from a map, whatever their sizes, until restore is called: for the tests
+// of callers (package convert), whose fixtures are too small to take that
+// path otherwise. Not safe beside other tests that write checkpoints.
+func PrewriteEverything() (restore func()) {
+	share, min := prewriteShare, mapMin
+	prewriteShare, mapMin = 0, 1
+	return func() { prewriteShare, mapMin = share, min }
+}
+
 // prewriteShare is the share of a checkpoint's bytes in mapped records
 // from which Prewrite copies early (the tests set 0: always).
 var prewriteShare = 0.5
