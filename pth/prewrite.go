@@ -234,7 +234,7 @@ func (p *Prewrite) finish() error {
 		if p.plan.storages[i].negated != nil {
 			taken = s.negated // the copy's own plan had them (negatesAsCopied)
 		}
-		if _, err := patchRecord(p.f, e, s, taken); err != nil {
+		if err := patchRecord(p.f, e, s, taken); err != nil {
 			return err
 		}
 	}
@@ -420,8 +420,8 @@ func (l *lateFlips) take(st *Storage) *Tensor {
 // holds at e, what s changes: new contents, streamed contents, or the
 // negations the copy did not apply on the way (taken: those it did), and
 // the record's CRC in its descriptor and in e (the central directory is
-// written after). It reports whether the record changed.
-func patchRecord(f *output.File, e *zipEntry, s *outStorage, taken *Tensor) (bool, error) {
+// written after).
+func patchRecord(f *output.File, e *zipEntry, s *outStorage, taken *Tensor) error {
 	var ed edits
 	switch {
 	case s.data != nil:
@@ -434,10 +434,10 @@ func patchRecord(f *output.File, e *zipEntry, s *outStorage, taken *Tensor) (boo
 		h := crc32.NewIEEE()
 		cw := &countingWriter{w: io.MultiWriter(io.NewOffsetWriter(f, e.data), h)}
 		if err := s.stream(cw); err != nil {
-			return false, fmt.Errorf("writing %s: %w", e.name, err)
+			return fmt.Errorf("writing %s: %w", e.name, err)
 		}
 		if cw.n != e.size {
-			return false, fmt.Errorf("writing %s: %d bytes written where the tensor has %d", e.name, cw.n, e.size)
+			return fmt.Errorf("writing %s: %d bytes written where the tensor has %d", e.name, cw.n, e.size)
 		}
 		e.crc = h.Sum32()
 	case s.negated != nil && taken != s.negated:
@@ -449,14 +449,14 @@ func patchRecord(f *output.File, e *zipEntry, s *outStorage, taken *Tensor) (boo
 		})
 		e.crc ^= l.CRCDelta(t.negate, 0, e.size)
 	default:
-		return false, nil // as copied
+		return nil // as copied
 	}
 	crc := e.descriptor(nil)[4:8]
 	ed.add(e.data+e.size+4, 4, func(b []byte, pos int64) { copy(b, crc[pos:]) })
 	if err := ed.apply(f); err != nil {
-		return false, fmt.Errorf("writing %s: %w", e.name, err)
+		return fmt.Errorf("writing %s: %w", e.name, err)
 	}
-	return true, nil
+	return nil
 }
 
 // edits are changes to bytes of a file already written, in increasing

@@ -126,7 +126,7 @@ func TestPrewriteSameBytes(t *testing.T) {
 						changeSome(t, c)
 					case "started after half the changes":
 						changeSomeOf(t, c, func(i int) bool { return i >= half })
-						if p.plan != nil && !p.rewound && !p.plan.hasNegations() && negatedBefore {
+						if p.plan != nil && !p.rewound && negatedRecords(p.plan) == 0 && negatedBefore {
 							t.Errorf("the copy's plan has none of the negations made before it started")
 						}
 					case "negated again after the start":
@@ -154,7 +154,7 @@ func TestPrewriteSameBytes(t *testing.T) {
 							renegated++ // rewound for the negations alone
 						}
 					}
-					if when == "started after half the changes" && p.plan != nil && !p.rewound && p.plan.hasNegations() {
+					if when == "started after half the changes" && p.plan != nil && !p.rewound && negatedRecords(p.plan) > 0 {
 						startedNegated++
 					}
 					if !bytes.Equal(got, want.Bytes()) {
@@ -228,9 +228,6 @@ func hasNegations(c *Checkpoint) bool {
 	}
 	return false
 }
-
-// hasNegations reports whether the plan copies a record with negations.
-func (p *writePlan) hasNegations() bool { return negatedRecords(p) > 0 }
 
 // negatedRecords counts the records the plan copies with negations.
 func negatedRecords(p *writePlan) int {
