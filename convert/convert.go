@@ -114,6 +114,7 @@ func Run(opt Options) (*Result, error) {
 	if err := checkPaths(opt); err != nil {
 		return nil, err
 	}
+	defer collectLate()() // gc.go
 	if opt.Graph != "" || isSafetensors(opt.Input) || isSafetensors(opt.Output) {
 		return runState(opt, start) // source.go
 	}

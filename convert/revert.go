@@ -115,6 +115,7 @@ func Revert(opt RevertOptions) (*RevertResult, error) {
 	if err := checkPaths(Options{Input: opt.Input, Output: opt.Output, Force: opt.Force}); err != nil {
 		return nil, err
 	}
+	defer collectLate()() // gc.go
 	var conv *Result
 	if opt.Report != "" {
 		b, err := os.ReadFile(opt.Report)

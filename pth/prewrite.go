@@ -39,6 +39,14 @@ import (
 // are written and then written over. Finish checks that the changed
 // checkpoint negates what the copy negated, and hands it only the
 // negations made since; anything else is written again from the start.
+//
+// Every checkpoint is copied early, whatever its records' sizes. Where
+// most are small (a DenseNet: 1,200 records, most under 1 MiB) the copy's
+// groups (copyBatch) share the two cores with the conversion, and that
+// once cost more than it saved (densenet201 trained: 83 ms written after,
+// 88 ms early); since the conversion stopped collecting garbage on the way
+// (convert/gc.go) it pays there too: densenet201 median 55.6 ms to 49.1
+// (init) and 62.8 to 60.8 (trained), 15 runs alternated.
 type Prewrite struct {
 	c    *Checkpoint
 	path string
@@ -78,10 +86,6 @@ func (c *Checkpoint) Prewrite(set *output.Set, path string) (*Prewrite, error) {
 		return nil, err
 	}
 	p := &Prewrite{c: c, path: path, f: f, stop: make(chan struct{}), done: make(chan struct{})}
-	if !c.worthPrewriting() {
-		close(p.done)
-		return p, nil
-	}
 	plan, err := c.plan()
 	if err != nil || !plan.copyable() { // Finish writes everything (and meets any error again)
 		close(p.done)
@@ -254,44 +258,15 @@ func (p *Prewrite) failed() error {
 	return p.err
 }
 
-// worthPrewriting reports whether most of the checkpoint's bytes are in records
-// copied from a map (mapped), where the early copy pays: each such byte
-// is copied once by the writer while the mapper's checks run on the other
-// core, and the copy is long next to the conversion (a ResNet-101: 100 ms
-// to 30 ms), which then runs hidden under it. Where most bytes are in small
-// records (a DenseNet: 1,200 records, most under 1 MiB), the copy is
-// short, its group reads and its writes already keep both cores busy,
-// overlapping them with the conversion only makes the three contend, and
-// the negations found later cost more filled in than the overlap saves
-// (measured: densenet201 trained 83 ms written after, 88 ms early).
-//
-// It looks at the input's records, not at a plan, so that where it says no
-// the plan (a walk of the whole tree, 2-3 ms on a DenseNet) is not made
-// for nothing: Finish makes the one the write needs.
-func (c *Checkpoint) worthPrewriting() bool {
-	var mapped, total int64
-	for _, s := range c.storages {
-		total += s.rec.size
-		if c.mappable(s) {
-			mapped += s.rec.size
-		}
-	}
-	return float64(mapped) >= prewriteShare*float64(total)
-}
-
-// PrewriteEverything makes every Prewrite copy early, each stored record
-// from a map, whatever their sizes, until restore is called: for the tests
-// of callers (package convert), whose fixtures are too small to take that
+// PrewriteEverything makes every Prewrite copy each stored record from a
+// map, whatever their sizes, until restore is called: for the tests of
+// callers (package convert), whose fixtures are too small to take that
 // path otherwise. Not safe beside other tests that write checkpoints.
 func PrewriteEverything() (restore func()) {
-	share, min := prewriteShare, mapMin
-	prewriteShare, mapMin = 0, 1
-	return func() { prewriteShare, mapMin = share, min }
+	min := mapMin
+	mapMin = 1
+	return func() { mapMin = min }
 }
-
-// prewriteShare is the share of a checkpoint's bytes in mapped records
-// from which Prewrite copies early (the tests set 0: always).
-var prewriteShare = 0.5
 
 // copyable reports whether the copy can write every storage of the plan
 // by itself: input records (negated or not) and new contents, none

@@ -54,10 +54,9 @@ func changeSomeOf(t *testing.T, c *Checkpoint, which func(i int) bool) {
 // change the layout (written again).
 func TestPrewriteSameBytes(t *testing.T) {
 	files := []string{"dtypes.pth", "views.pth", "shared.pth", "convbn_zip.pth", "nested.pth", "adam.pth", "dtypes_legacy.pth"}
-	defer func(buf, span int64, share float64) {
-		mapCopy, batchCopy, batchBuf, editSpan, holdCopy, holdCopyAt, prewriteShare = true, true, buf, span, nil, 0, share
-	}(batchBuf, editSpan, prewriteShare)
-	prewriteShare = 0 // early in every mode
+	defer func(buf, span int64) {
+		mapCopy, batchCopy, batchBuf, editSpan, holdCopy, holdCopyAt = true, true, buf, span, nil, 0
+	}(batchBuf, editSpan)
 	var taken, patched, rewound, midway, startedNegated, renegated int
 	for _, name := range files {
 		path := filepath.Join("testdata", name)
@@ -277,21 +276,4 @@ func TestPrewriteCorruptRecord(t *testing.T) {
 	p.Stop()
 	set.Abort()
 	assertOnly(t, dir, "in.pth")
-}
-
-// TestWorthPrewriting: the early copy is chosen by the share of bytes in
-// mapped records: all of a fixture's when every record is mapped (the
-// tests' mapMin), none when records under 1 MiB are not (the default).
-func TestWorthPrewriting(t *testing.T) {
-	c := openFixture(t, "convbn_zip")
-	defer func(m int64) { mapMin = m }(mapMin)
-	for _, tc := range []struct {
-		mapMin int64
-		want   bool
-	}{{1, true}, {1 << 20, false}} {
-		mapMin = tc.mapMin
-		if got := c.worthPrewriting(); got != tc.want {
-			t.Errorf("mapMin %d: worthPrewriting = %v, want %v", tc.mapMin, got, tc.want)
-		}
-	}
 }

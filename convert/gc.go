@@ -1,0 +1,84 @@
+package convert
+
+import (
+	"runtime"
+	"runtime/debug"
+	"sync"
+)
+
+// collectLate turns the garbage collector off until the heap reaches
+// lateGCHeap, and for good after the first collection, whichever comes
+// first; restore (deferred by the caller) hands back the settings it found.
+//
+// Why: a conversion is one short process whose heap only grows. Streaming
+// the tensors (package pth), it allocates what the structure needs: about
+// 22 MB in all on densenet201 (1,200 records), most of it live to the end.
+// At the default pacing the collector still runs several cycles on the
+// way, on the core the early copy needs, each marking the same live graph
+// again: on densenet201 trained that was 10 ms of a 70 ms conversion (15
+// runs alternated, bench/alternate.md), about the cost of the copy of a
+// third of the file. Nothing is gained by collecting a heap that small
+// before the process ends.
+//
+// The limit bounds the peak all the same: where a checkpoint's structure
+// (or an ONNX model held in memory) needs more, the collector runs as the
+// heap reaches lateGCHeap, and that collection ends the deferral (its
+// finalizer restores the default pacing), so a live heap above the limit
+// never makes it collect continually.
+func collectLate() (restore func()) {
+	lateGC.Lock()
+	defer lateGC.Unlock()
+	// Conversions may run side by side (the tests): the first one in
+	// saves the settings, the last one out restores them.
+	if lateGC.depth++; lateGC.depth == 1 {
+		lateGC.pct = debug.SetGCPercent(-1)
+		lateGC.limit = debug.SetMemoryLimit(lateGCHeap)
+		lateGC.on = true
+		// Unreachable at once: the first collection, whatever starts
+		// it, queues the finalizer. (A pointer keeps the sentinel out
+		// of the tiny allocator, whose blocks are finalized together.)
+		runtime.SetFinalizer(&gcSentinel{}, func(*gcSentinel) { endLateGC() })
+	}
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			lateGC.Lock()
+			defer lateGC.Unlock()
+			if lateGC.depth--; lateGC.depth == 0 {
+				lateGC.endLocked()
+			}
+		})
+	}
+}
+
+var lateGC lateGCState
+
+type lateGCState struct {
+	sync.Mutex
+	depth int   // collectLate calls not yet restored
+	on    bool  // the collector is off
+	pct   int   // the settings found,
+	limit int64 // restored when it ends
+}
+
+func endLateGC() {
+	lateGC.Lock()
+	defer lateGC.Unlock()
+	lateGC.endLocked()
+}
+
+func (s *lateGCState) endLocked() {
+	if s.on {
+		debug.SetMemoryLimit(s.limit)
+		debug.SetGCPercent(s.pct)
+		s.on = false
+	}
+}
+
+type gcSentinel struct{ _ *byte }
+
+// lateGCHeap is the heap at which collectLate's collector runs: under the
+// 64 MB of resident memory a conversion is held to (bench/convert.sh),
+// with the binary, the stacks and the copy's mapped windows beside it; a
+// variable for the tests.
+var lateGCHeap int64 = 48 << 20
