@@ -127,7 +127,13 @@ func TestShiftComposes(t *testing.T) {
 func TestCopyApply(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 4))
 	for trial := 0; trial < 400; trial++ {
-		c := randomFlip(t, r, 7, trial%4 == 0, 2)
+		// Channels of up to 7·3 elements, and every fifth trial of up
+		// to 200·3, whose flipped runs take xorRun's four-word steps.
+		mid := 7
+		if trial%5 == 0 {
+			mid = 200
+		}
+		c := randomFlip(t, r, mid, trial%4 == 0, 2)
 		l, es, shape, src, chans, pos, n := c.l, c.es, c.shape, c.data, c.chans, c.pos, c.n
 		// The reference: every sign byte of a listed channel, one by one.
 		want := append([]byte(nil), src[pos:pos+n]...)
@@ -223,5 +229,17 @@ func TestSet(t *testing.T) {
 		if !slices.Equal(in, c.in) {
 			t.Errorf("%s: Set changed its argument to %v", c.comment, in)
 		}
+	}
+}
+
+// BenchmarkXorRun: a flipped run of float32 channels copied with its sign
+// bits flipped (the copy of a sign-folded record's negated channels).
+func BenchmarkXorRun(b *testing.B) {
+	l, _ := FloatLayout(true, 4, []int{64, 1024})
+	src := make([]byte, 1<<20)
+	dst := make([]byte, len(src))
+	b.SetBytes(int64(len(src)))
+	for i := 0; i < b.N; i++ {
+		l.xorRun(dst, src, 0)
 	}
 }
