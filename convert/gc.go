@@ -15,9 +15,9 @@ import (
 // 22 MB in all on densenet201 (1,200 records), most of it live to the end.
 // At the default pacing the collector still runs several cycles on the
 // way, on the core the early copy needs, each marking the same live graph
-// again: on densenet201 trained that was 10 ms of a 70 ms conversion (15
-// runs alternated, bench/alternate.md), about the cost of the copy of a
-// third of the file. Nothing is gained by collecting a heap that small
+// again: on densenet201 trained that was 8 ms of a 73 ms conversion
+// (median of 11 runs alternated with the build before, 2026-12-02), about
+// the cost of the copy of a third of the file. Nothing is gained by collecting a heap that small
 // before the process ends.
 //
 // The limit bounds the peak all the same: where a checkpoint's structure

@@ -14,11 +14,11 @@ import (
 // TestFoldsSigns: the fixtures (trained-like, some gammas negative) have
 // signs to fold, so their copy starts once those are settled; the same
 // checkpoints with every gamma made positive have none, so it starts at
-// once. Either way (every record copied early, from a map) the output is
+// once. Either way (every record copied from a map) the output is
 // byte for byte the one the copy started the other way writes.
 func TestFoldsSigns(t *testing.T) {
 	defer func() { copyAfterSigns = foldsSigns }()
-	defer pth.PrewriteEverything()()
+	defer pth.MapEverything()()
 	for _, name := range fixtures {
 		t.Run(name, func(t *testing.T) {
 			dir := t.TempDir()

@@ -258,11 +258,11 @@ func (p *Prewrite) failed() error {
 	return p.err
 }
 
-// PrewriteEverything makes every Prewrite copy each stored record from a
-// map, whatever their sizes, until restore is called: for the tests of
-// callers (package convert), whose fixtures are too small to take that
-// path otherwise. Not safe beside other tests that write checkpoints.
-func PrewriteEverything() (restore func()) {
+// MapEverything makes every copy take each stored record from a map,
+// whatever their sizes, until restore is called: for the tests of callers
+// (package convert), whose fixtures are too small to take that path
+// otherwise. Not safe beside other tests that write checkpoints.
+func MapEverything() (restore func()) {
 	min := mapMin
 	mapMin = 1
 	return func() { mapMin = min }
