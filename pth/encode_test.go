@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"math"
 	"math/big"
+	"os"
 	"path/filepath"
 	"reflect"
 	"testing"
@@ -94,5 +95,59 @@ func TestBytes(t *testing.T) {
 	}
 	if !reflect.DeepEqual(got, &List{Items: []Value{want, want, Bytes{}}}) {
 		t.Errorf("read back %#v", got)
+	}
+}
+
+// TestPickleAsTorch re-pickles the tree of every zip checkpoint torch.save
+// wrote in testdata and ../fixtures/testdata, unchanged, and wants torch's
+// own data.pkl back byte for byte: the memo indices, the opcodes and their
+// order are the ones torch's pickler chooses, which a round trip through
+// the unpickler alone would not notice. (Torch memoizes by identity, the
+// pickler strings by value: where torch.save met one string as two
+// objects, the pickler refers back to the first, and the files differ
+// there; those files are named in byIdentity.)
+func TestPickleAsTorch(t *testing.T) {
+	byIdentity := map[string]bool{"adam.pth": true, "rmsprop.pth": true, "convbn_zip.pth": true}
+	var paths []string
+	for _, g := range []string{filepath.Join("testdata", "*.pth"), filepath.Join("..", "fixtures", "testdata", "*.pth")} {
+		p, _ := filepath.Glob(g)
+		paths = append(paths, p...)
+	}
+	compared := 0
+	for _, path := range paths {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := dataPkl(b)
+		if want == nil || byIdentity[filepath.Base(path)] || filepath.Base(path) == "refused.pth" {
+			continue // a legacy (pre-zip) file, or one named above, or one refused
+		}
+		t.Run(filepath.Base(path), func(t *testing.T) {
+			c, err := Open(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			plan, err := c.plan()
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := newPickler(plan).dump(c.Root)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, want) {
+				i := 0
+				for i < min(len(got), len(want)) && got[i] == want[i] {
+					i++
+				}
+				t.Fatalf("%d bytes, torch's %d: they differ from byte %d on (got % x, want % x)", len(got), len(want), i, got[i:min(i+16, len(got))], want[i:min(i+16, len(want))])
+			}
+		})
+		compared++
+	}
+	if compared < 5 {
+		t.Fatalf("compared %d checkpoints, want at least 5", compared)
 	}
 }
