@@ -16,7 +16,10 @@ import (
 // descriptors in one vectored write. An input record's output CRC comes
 // from its recorded one (a flip's change is negate.CRCDelta): the output
 // is what writing record by record writes.
-func (c *Checkpoint) copyBatch(z *zipWriter, run []batchRecord, bt *batcher) error {
+//
+// late, when not nil, is told after each group (lateFlips.wrote), so that
+// the tests' hold can stop the copy inside a run.
+func (c *Checkpoint) copyBatch(z *zipWriter, run []batchRecord, bt *batcher, late *lateFlips, stop <-chan struct{}) error {
 	z.queue = make([][]byte, 0, 64)
 	defer func() { z.queue = nil }()
 	for n := 0; n < len(run); {
@@ -42,6 +45,11 @@ func (c *Checkpoint) copyBatch(z *zipWriter, run []batchRecord, bt *batcher) err
 		}
 		n += len(g.recs)
 		bt.free <- g.buf
+		if late != nil && n < len(run) {
+			if err := late.wrote(z, stop); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }
@@ -175,8 +183,9 @@ func splitBatch(recs []batchRecord, max int64) [][]batchRecord {
 }
 
 // readBatch reads a group of splitBatch into buf, checks each input
-// record's CRC and applies its negations (late's too). It returns each record's bytes
-// (in buf for input records) and output CRC.
+// record's CRC and applies its negations (late's too), or takes late's new
+// contents for it. It returns each record's bytes (in buf for input
+// records) and output CRC.
 func (c *Checkpoint) readBatch(g []batchRecord, buf []byte, late *lateFlips) ([][]byte, []uint32, error) {
 	data := make([][]byte, len(g))
 	crcs := make([]uint32, len(g))
@@ -217,6 +226,14 @@ func (c *Checkpoint) readBatch(g []batchRecord, buf []byte, late *lateFlips) ([]
 			crc := crc32.ChecksumIEEE(d)
 			if crc != r.crc {
 				return nil, nil, fmt.Errorf("%s: record %s is corrupt: CRC-32 %08x, the archive records %08x", c.Path, r.name, crc, r.crc)
+			}
+			if late != nil {
+				// New contents published meanwhile (checked as long as
+				// the input's: the same size) are written instead.
+				if nd := late.takeData(g[k].st); nd != nil {
+					data[k], crcs[k] = nd, crc32.ChecksumIEEE(nd)
+					continue
+				}
 			}
 			t := g[k].t
 			if t == nil && late != nil {

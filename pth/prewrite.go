@@ -187,13 +187,25 @@ func (p *Prewrite) finish() error {
 	}
 	same := p.pklErr == nil && bytes.Equal(pkl, p.pkl) && sameLayout(p.plan, plan) && negatesAsCopied(p.plan, plan)
 	if same {
-		// The negations the copy's plan did not have.
+		// The negations the copy's plan did not have, and the new
+		// contents of records it copies from the input: a record it has
+		// not read yet gets them on the way rather than being read back
+		// and written over once it ends, on the critical path. On
+		// densenet201 about a third of the 402 (trained) and half of the
+		// 201 (init) rewritten BN vectors are taken on the way; the
+		// edits after the copy went from about 3 ms to 1-2 (init).
 		flips := map[*Storage]*Tensor{}
+		data := map[*Storage][]byte{}
 		for i, s := range plan.storages {
-			if s.negated != nil && p.plan.storages[i].negated == nil {
+			r := p.plan.storages[i]
+			if s.negated != nil && r.negated == nil {
 				flips[s.src] = s.negated
 			}
+			if s.data != nil && r.data == nil && r.stream == nil && int64(len(s.data)) == r.src.rec.size {
+				data[r.src] = s.data
+			}
 		}
+		p.late.data.Store(&data)
 		p.late.flips.Store(&flips)
 	}
 	if p.hold != nil {
@@ -233,6 +245,9 @@ func (p *Prewrite) finish() error {
 		e := &p.z.entries[first+i]
 		if e.name != "archive/data/"+s.key {
 			return fmt.Errorf("early copy wrote %s where the plan has %s", e.name, s.key)
+		}
+		if s.data != nil && sameBytes(p.late.tookData(p.plan.storages[i].src), s.data) {
+			continue // written on the way
 		}
 		taken := p.late.took(s.src)
 		if p.plan.storages[i].negated != nil {
@@ -341,13 +356,17 @@ func (s *outStorage) length() int64 {
 }
 
 // lateFlips hands a copy that started before they were known the
-// negations of the records it copies (Prewrite): none until published.
-// take is called as a record's copy is prepared, and notes the records
-// that got theirs on the way.
+// negations of the records it copies (Prewrite), and the new contents of
+// those it reads in groups (copyBatch): none until published. take and
+// takeData are called as a record's copy is prepared, and note the
+// records that got theirs on the way.
 type lateFlips struct {
 	flips atomic.Pointer[map[*Storage]*Tensor]
+	data  atomic.Pointer[map[*Storage][]byte] // by the input record they replace
 	mu    sync.Mutex
 	taken map[*Storage]*Tensor
+	// takenData are the contents written in place of input records.
+	takenData map[*Storage][]byte
 
 	// hold, when set (holdCopyAt, by tests), stops the copy once it has
 	// written holdAt entries until Finish has published the negations.
@@ -375,6 +394,39 @@ func (l *lateFlips) wrote(z *zipWriter, stop <-chan struct{}) error {
 		l.held = true
 	}
 	return nil
+}
+
+// takeData is the published new contents of st's record (nil: none),
+// noted as written.
+func (l *lateFlips) takeData(st *Storage) []byte {
+	m := l.data.Load()
+	if m == nil {
+		return nil
+	}
+	d := (*m)[st]
+	if d != nil {
+		l.mu.Lock()
+		if l.takenData == nil {
+			l.takenData = map[*Storage][]byte{}
+		}
+		l.takenData[st] = d
+		l.mu.Unlock()
+	}
+	return d
+}
+
+// tookData is what takeData handed the copy for st (nil: nothing), final
+// once the record is written.
+func (l *lateFlips) tookData(st *Storage) []byte {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.takenData[st]
+}
+
+// sameBytes reports whether a and b are the same slice (not equal
+// contents: the plan's own bytes).
+func sameBytes(a, b []byte) bool {
+	return len(a) == len(b) && len(a) > 0 && &a[0] == &b[0]
 }
 
 func (l *lateFlips) take(st *Storage) *Tensor {

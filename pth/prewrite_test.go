@@ -57,7 +57,7 @@ func TestPrewriteSameBytes(t *testing.T) {
 	defer func(buf, span int64) {
 		mapCopy, batchCopy, batchBuf, editSpan, holdCopy, holdCopyAt = true, true, buf, span, nil, 0
 	}(batchBuf, editSpan)
-	var taken, patched, rewound, midway, startedNegated, renegated int
+	var taken, patched, rewound, midway, startedNegated, renegated, dataTaken int
 	for _, name := range files {
 		path := filepath.Join("testdata", name)
 		ref, err := Open(path)
@@ -172,6 +172,12 @@ func TestPrewriteSameBytes(t *testing.T) {
 					default:
 						patched++
 					}
+					if n := len(p.late.takenData); n > 0 && !p.rewound {
+						dataTaken++
+						if when == "copy done first" {
+							t.Errorf("%d records took contents published after the copy ended", n)
+						}
+					}
 					if when == "negations midway" && p.plan != nil && !p.rewound && len(p.late.taken) > 0 {
 						if plan, err := c.plan(); err == nil && negatedRecords(plan) > len(p.late.taken) {
 							midway++ // some negations taken on the way, some edited after, in one run
@@ -182,10 +188,11 @@ func TestPrewriteSameBytes(t *testing.T) {
 		}
 	}
 	// Each path was taken somewhere, or the test checks less than it says.
-	if taken == 0 || patched == 0 || rewound == 0 || midway == 0 || startedNegated == 0 || renegated == 0 {
+	if taken == 0 || patched == 0 || rewound == 0 || midway == 0 || startedNegated == 0 || renegated == 0 || dataTaken == 0 {
 		t.Errorf("paths taken: negations on the way %d, filled in afterwards %d, rewritten %d, both in one run %d, "+
-			"negations in the copy's own plan %d, rewritten for negations changed after it %d: want each",
-			taken, patched, rewound, midway, startedNegated, renegated)
+			"negations in the copy's own plan %d, rewritten for negations changed after it %d, "+
+			"new contents on the way %d: want each",
+			taken, patched, rewound, midway, startedNegated, renegated, dataTaken)
 	}
 }
 

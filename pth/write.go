@@ -279,7 +279,7 @@ func (c *Checkpoint) writeBody(z *zipWriter, plan *writePlan, pkl []byte, late *
 			}
 		}
 		if step.run != nil {
-			if err := c.copyBatch(z, step.run, bt); err != nil {
+			if err := c.copyBatch(z, step.run, bt, late, stop); err != nil {
 				return err
 			}
 			continue
