@@ -9,8 +9,8 @@
 #   bash bench/alternate.sh ROUNDS CHECKPOINT BINARY...
 #
 # e.g. the build of an earlier commit against the current one:
-#   git worktree add /tmp/old OLDCOMMIT && (cd /tmp/old && go build -o /tmp/abn-old ./cmd/abnconvert)
-#   go build -o bin/abnconvert ./cmd/abnconvert
+#   git worktree add /tmp/old OLDCOMMIT && (cd /tmp/old && go build -tags urfave_cli_no_docs -o /tmp/abn-old ./cmd/abnconvert)
+#   make build
 #   bash bench/alternate.sh 15 /tmp/abn-bench/densenet201.trained.pth /tmp/abn-old bin/abnconvert
 # Checkpoints come from bench/convert.sh (bench/trained_like.py). Each
 # output is written to a temporary file beside the checkpoint and removed.

@@ -24,7 +24,7 @@ OUT=${OUT:-bench/compare.md}
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 
-go build -o "$WORK/abnconvert" ./cmd/abnconvert
+go build -tags urfave_cli_no_docs -o "$WORK/abnconvert" ./cmd/abnconvert
 "$PYTHON" - "$WORK" <<'EOF'
 import sys
 import torch

@@ -26,7 +26,7 @@ models=("$@")
 dir=${BENCH_DIR:-/tmp/abn-bench}
 mkdir -p "$dir"
 baseline=../shared/tools/python_baseline_convert.py
-go build -o bin/abnconvert ./cmd/abnconvert
+go build -tags urfave_cli_no_docs -o bin/abnconvert ./cmd/abnconvert
 
 # The wall time is taken with bash's EPOCHREALTIME (microseconds) around
 # /usr/bin/time, which gives the peak RSS: its own %e has 10 ms steps, as
