@@ -228,8 +228,9 @@ func (c *Checkpoint) readBatch(g []batchRecord, buf []byte, late *lateFlips) ([]
 				return nil, nil, fmt.Errorf("%s: record %s is corrupt: CRC-32 %08x, the archive records %08x", c.Path, r.name, crc, r.crc)
 			}
 			if late != nil {
-				// New contents published meanwhile (checked as long as
-				// the input's: the same size) are written instead.
+				// New contents published meanwhile (Finish checked that
+				// they have the record's size) are written instead; the
+				// input's bytes were still checked above.
 				if nd := late.takeData(g[k].st); nd != nil {
 					data[k], crcs[k] = nd, crc32.ChecksumIEEE(nd)
 					continue

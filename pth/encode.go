@@ -25,7 +25,7 @@ type pickler struct {
 	next    int               // the next memo index
 	ptrs    map[any]int       // trees' nodes (*Tensor, *Dict, *List, *Call, *Tuple), by pointer
 	strs    map[string]int    // strings, by value
-	bytes   map[string]int    // Bytes, by value
+	blobs   map[string]int    // Bytes, by value
 	globals map[globalKey]int // globals, by module and name
 	plan    *writePlan
 }
@@ -39,7 +39,7 @@ func newPickler(plan *writePlan) *pickler {
 	n := len(plan.tensors)
 	p := &pickler{
 		ptrs: make(map[any]int, n+16), strs: make(map[string]int, len(plan.storages)+16),
-		bytes: map[string]int{}, globals: make(map[globalKey]int, 8), plan: plan,
+		blobs: map[string]int{}, globals: make(map[globalKey]int, 8), plan: plan,
 	}
 	p.buf.Grow(192*n + 256) // densenet201: 202 KB for 1,208 tensors
 	return p
@@ -256,7 +256,7 @@ func (p *pickler) save(v Value, depth int) error {
 	case Bytes:
 		// Protocol 2 from Python 3 pickles bytes as
 		// _codecs.encode(latin1 text, "latin1").
-		if i, ok := p.bytes[string(v)]; p.ref(i, ok) {
+		if i, ok := p.blobs[string(v)]; p.ref(i, ok) {
 			return nil
 		}
 		p.global("_codecs", "encode")
@@ -269,7 +269,7 @@ func (p *pickler) save(v Value, depth int) error {
 		p.op(opTuple2)
 		p.slot()
 		p.op(opReduce)
-		p.bytes[string(v)] = p.slot()
+		p.blobs[string(v)] = p.slot()
 	case *Global:
 		p.global(v.Module, v.Name)
 	case *Call:
