@@ -182,7 +182,19 @@ func (p *pickler) tuple(items []Value, depth int, key any) error {
 			return err
 		}
 	}
-	switch len(items) {
+	p.endTuple(len(items))
+	if key == nil {
+		p.slot() // a fresh, never-repeated memo slot
+	} else {
+		p.put(key)
+	}
+	return nil
+}
+
+// endTuple closes a tuple of n (> 0) items: TUPLE1-3 take their items off
+// the stack, TUPLE takes those since the MARK written before them.
+func (p *pickler) endTuple(n int) {
+	switch n {
 	case 1:
 		p.op(opTuple1)
 	case 2:
@@ -192,12 +204,6 @@ func (p *pickler) tuple(items []Value, depth int, key any) error {
 	default:
 		p.op(opTuple)
 	}
-	if key == nil {
-		p.slot() // a fresh, never-repeated memo slot
-	} else {
-		p.put(key)
-	}
-	return nil
 }
 
 // ints writes xs as a tuple of ints in a memo slot never read back (a
@@ -214,16 +220,7 @@ func (p *pickler) ints(xs []int) {
 	for _, x := range xs {
 		p.int(int64(x))
 	}
-	switch len(xs) {
-	case 1:
-		p.op(opTuple1)
-	case 2:
-		p.op(opTuple2)
-	case 3:
-		p.op(opTuple3)
-	default:
-		p.op(opTuple)
-	}
+	p.endTuple(len(xs))
 	p.slot()
 }
 
