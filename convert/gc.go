@@ -17,8 +17,8 @@ import (
 // way, on the core the early copy needs, each marking the same live graph
 // again: on densenet201 trained that was 8 ms of a 73 ms conversion
 // (median of 11 runs alternated with the build before, 2026-12-02), about
-// the cost of the copy of a third of the file. Nothing is gained by collecting a heap that small
-// before the process ends.
+// the cost of the copy of a third of the file. Nothing is gained by
+// collecting a heap that small before the process ends.
 //
 // The limit bounds the peak all the same: where a checkpoint's structure
 // (or an ONNX model held in memory) needs more, the collector runs as the
