@@ -107,3 +107,35 @@ func TestEncodeRefuses(t *testing.T) {
 		t.Errorf("SetValues with the wrong length succeeded")
 	}
 }
+
+// SetValues keeps its own copy, reused when set again: neither the slice
+// given nor one Values returned is the store's, so no caller changes what
+// is written, and setting again changes no slice a caller holds.
+func TestSetValuesOwnsItsCopy(t *testing.T) {
+	c := openFixture(t, "dtypes")
+	first := []float64{1, 2, 3}
+	if n, _ := c.Shape("i32"); len(n) != 1 || n[0] != 3 {
+		t.Fatalf("fixture's i32 has shape %v, the test wants [3]", n)
+	}
+	if err := c.SetValues("i32", first); err != nil {
+		t.Fatal(err)
+	}
+	first[0] = 100 // the caller's slice, changed after
+	got, err := c.Values("i32")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got[0] != 1 {
+		t.Fatalf("Values = %v after the caller changed its slice, want [1 2 3]", got)
+	}
+	if err := c.SetValues("i32", []float64{4, 5, 6}); err != nil {
+		t.Fatal(err)
+	}
+	if got[0] != 1 || got[1] != 2 || got[2] != 3 {
+		t.Errorf("a slice Values returned changed to %v when the values were set again", got)
+	}
+	again, _ := c.Values("i32")
+	if again[0] != 4 || again[2] != 6 {
+		t.Errorf("Values = %v after the second SetValues, want [4 5 6]", again)
+	}
+}

@@ -340,7 +340,13 @@ func (c *Checkpoint) SetTensorValues(t *Tensor, v []float64) error {
 			return err
 		}
 	}
-	t.pending = append([]float64{}, v...)
+	// The pending buffer is reused: each pass of a rewrite sets the
+	// vectors it changed again, and nothing else holds it (readers get
+	// copies).
+	t.pending = append(t.pending[:0:len(t.pending)], v...)
+	if t.pending == nil {
+		t.pending = []float64{}
+	}
 	t.negate = nil
 	return nil
 }

@@ -7,14 +7,44 @@ import (
 	"github.com/abnconvert/abnconvert/graph"
 )
 
+// appendingWeights is a store with AppendValues, as pth.Checkpoint has:
+// the cache then compares with the store's values at flush rather than
+// with a copy of its own.
+type appendingWeights struct{ *graph.MemWeights }
+
+func (w appendingWeights) AppendValues(dst []float64, key string) ([]float64, error) {
+	v, err := w.Values(key)
+	return append(dst, v...), err
+}
+
 // The vector cache outlives a pass only as what the store holds: a changed
 // vector is written and stays cached as written, and a vector whose only
-// change is a negated zero (no change to the store) is read again.
+// change is a negated zero (no change to the store) is read again. Both
+// ways of telling a change apart are run: a copy taken on reading, and
+// the store's values decoded again at flush.
 func TestTensorsCacheAcrossPasses(t *testing.T) {
-	w := graph.NewMemWeights()
-	w.Put("a", []int{2}, []float64{0, 1})
-	w.Put("b", []int{2}, []float64{2, 3})
-	ts := newTensors(w)
+	for _, tc := range []struct {
+		name  string
+		store func(*graph.MemWeights) graph.Weights
+		app   bool
+	}{
+		{"copy", func(w *graph.MemWeights) graph.Weights { return w }, false},
+		{"store", func(w *graph.MemWeights) graph.Weights { return appendingWeights{w} }, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := graph.NewMemWeights()
+			w.Put("a", []int{2}, []float64{0, 1})
+			w.Put("b", []int{2}, []float64{2, 3})
+			ts := newTensors(tc.store(w))
+			if (ts.app != nil) != tc.app {
+				t.Fatalf("the cache compares with the store: %v, want %v", ts.app != nil, tc.app)
+			}
+			testCacheAcrossPasses(t, w, ts)
+		})
+	}
+}
+
+func testCacheAcrossPasses(t *testing.T, w *graph.MemWeights, ts *tensors) {
 	if err := ts.negateVec("a", 0); err != nil { // 0 -> -0: no change
 		t.Fatal(err)
 	}
@@ -52,5 +82,18 @@ func TestTensorsCacheAcrossPasses(t *testing.T) {
 	}
 	if v, _ := w.Values("b"); v[0] != -2 || v[1] != -3 {
 		t.Errorf("b = %v after the second pass, want [-2 -3]", v)
+	}
+	// A pass that changes b and changes it back writes nothing.
+	for i := 0; i < 2; i++ {
+		if err := ts.negateVec("b", 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	delete(ts.changed, "b")
+	if err := ts.flush(); err != nil {
+		t.Fatal(err)
+	}
+	if ts.changed["b"] {
+		t.Errorf("b written again by a pass that left it as it was")
 	}
 }
