@@ -376,6 +376,11 @@ func (c *Checkpoint) loadZip() error {
 	if err != nil {
 		return err
 	}
+	if len(c.storages) == 0 {
+		// A storage per record at most: sized once, not grown through a
+		// thousand inserts.
+		c.storages = make(map[string]*Storage, len(a.z.File))
+	}
 	prefix := a.prefix
 	if a.record("version") == nil {
 		return fmt.Errorf("archive has no %sversion record", prefix)

@@ -44,12 +44,20 @@ func (u *unpickler) content(err error) error {
 // inputs (an empty LONG1, an unhashable dict key); recover turns those into
 // errors.
 func (u *unpickler) load(data []byte) (Value, error) {
+	if !noFastPickle {
+		if root, ok := u.fastLoad(data); ok {
+			return root, nil
+		}
+	}
 	raw, err := u.run(data)
 	if err != nil {
 		return nil, err
 	}
 	return convertTree(raw)
 }
+
+// noFastPickle turns fastLoad's path off (tests compare the two).
+var noFastPickle bool
 
 // run is gopickle's part, the one that panics on some malformed inputs.
 func (u *unpickler) run(data []byte) (raw any, err error) {
