@@ -5,6 +5,7 @@
 package convert
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
 	"io"
@@ -354,6 +355,9 @@ func unwrapPathError(err error) error {
 
 // WriteTable prints the human summary of a conversion.
 func (r *Result) WriteTable(w io.Writer) {
+	bw := bufio.NewWriter(w) // (one write for the table; Report.WriteTable's reason)
+	defer bw.Flush()
+	w = bw
 	fmt.Fprintf(w, "%s: %s checkpoint", r.Input, r.Format)
 	if len(r.StatePath) > 0 {
 		fmt.Fprintf(w, ", state dict under %q", strings.Join(r.StatePath, "."))

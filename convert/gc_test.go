@@ -93,6 +93,27 @@ func TestCollectLate(t *testing.T) {
 			}
 			runtime.KeepAlive(keep)
 		}},
+		{"left deferred for a process that ends", func(t *testing.T) {
+			defer func() { lateGC.Lock(); lateGC.leave = false; lateGC.Unlock() }()
+			ProcessEndsAfterRun()
+			collectLate()()
+			if p := gcPercent(); p != -1 {
+				t.Fatalf("GC percent %d after restore in a process that ends, want -1 (still deferred)", p)
+			}
+			// A second conversion neither saves the deferred settings as
+			// the ones to restore nor ends the deferral.
+			collectLate()()
+			if p := gcPercent(); p != -1 {
+				t.Fatalf("GC percent %d after a second conversion, want -1", p)
+			}
+			// The first collection still ends it, with the settings found
+			// before the first conversion.
+			runtime.GC()
+			endsWithin(t, orig)
+			if l := debug.SetMemoryLimit(-1); l != origLimit {
+				t.Errorf("memory limit %d after the first collection, want %d back", l, origLimit)
+			}
+		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, tt.run)

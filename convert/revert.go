@@ -1,6 +1,7 @@
 package convert
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -381,6 +382,9 @@ func negateChannels(w graph.Weights, key string, chans []int) error {
 
 // WriteTable prints a revert's summary for a person.
 func (r *RevertResult) WriteTable(w io.Writer) {
+	bw := bufio.NewWriter(w) // (a line per layer; Report.WriteTable's reason)
+	defer bw.Flush()
+	w = bw
 	fmt.Fprintf(w, "%s: %s checkpoint; layers from %s\n", r.Input, r.Format, r.From)
 	flipped := 0
 	for _, c := range r.Unflip {

@@ -31,9 +31,13 @@ func (u *unpickler) fastLoad(data []byte) (root Value, ok bool) {
 	if u.storages == nil {
 		u.storages = map[string]*Storage{}
 	}
-	// Torch puts about one memo entry in each 30 bytes of pickle: room
-	// for them all at once (pages never written cost nothing).
-	d := fastDecoder{data: data, u: u, memo: make([]fastEntry, 0, len(data)/24+16)}
+	// Room for the whole memo at once: the scan counted it, and torch
+	// stores an entry in about every 19 bytes otherwise.
+	n := u.memo
+	if n <= 0 {
+		n = len(data)/16 + 16
+	}
+	d := fastDecoder{data: data, u: u, memo: make([]fastEntry, 0, n)}
 	root, ok = d.run()
 	if !ok {
 		// As it was: the general path resolves them again.

@@ -416,7 +416,7 @@ func (c *Checkpoint) loadZip() error {
 		return fmt.Errorf("%sdata.pkl: %w", prefix, res.dupKey)
 	}
 	data := res.data
-	u := unpickler{storages: c.storages, resolve: c.zipStorage(a)}
+	u := unpickler{storages: c.storages, resolve: c.zipStorage(a), memo: res.memo}
 	root, err := u.load(data)
 	if err != nil {
 		return fmt.Errorf("%sdata.pkl: %w", prefix, err)

@@ -216,6 +216,9 @@ type scanned struct {
 	dupKey error
 	// protocol is the argument of the pickle's PROTO opcode, 0 without one.
 	protocol int
+	// memo is the number of memo entries the pickle stores, for sizing a
+	// decoder's memo.
+	memo int
 	// events lists, in stream order, the first occurrence of every opcode,
 	// global and checked operand of the pickle (see event).
 	events []event
@@ -501,7 +504,7 @@ func scanPickle(r *bufio.Reader, limit int64) (res scanned, err error) {
 			if frameEnd > int64(len(buf)) {
 				return res, fmt.Errorf("pickle FRAME ends at offset %d, after the STOP at offset %d", frameEnd, opStart)
 			}
-			res.data = buf
+			res.data, res.memo = buf, memo.n
 			return res, nil
 		case '0': // POP: pops the mark when the frame is empty
 			if len(stack) == base {

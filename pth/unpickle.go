@@ -28,6 +28,9 @@ type storageResolver func(key string, dtype DType, numel int, location string, c
 type unpickler struct {
 	resolve  storageResolver
 	storages map[string]*Storage
+	// memo, when above 0, is how many memo entries the pickle stores
+	// (scanPickle counted them), for fastLoad's memo.
+	memo int
 	// contentErr is the last error a hook reported about the checkpoint's
 	// content (a missing record, a tensor outside its storage), which is
 	// not a malformed pickle and is reported without that label.

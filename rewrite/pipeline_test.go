@@ -543,6 +543,25 @@ func TestReportJSONAndTable(t *testing.T) {
 	if !strings.Contains(out, "layer1.0.downsample.1") {
 		t.Fatalf("table lacks a site:\n%s", out)
 	}
+	// The table reaches its writer in a few large writes, not a system
+	// call per cell (os.Stdout is unbuffered): 200 sites, as densenet201.
+	many := *rep
+	for len(many.Sites) < 200 {
+		many.Sites = append(many.Sites, rep.Sites...)
+	}
+	var cw countingWriter
+	many.WriteTable(&cw)
+	if max := cw.bytes/4096 + 2; cw.writes > max {
+		t.Errorf("the table of %d sites took %d writes for %d bytes, want at most %d", len(many.Sites), cw.writes, cw.bytes, max)
+	}
+}
+
+type countingWriter struct{ writes, bytes int }
+
+func (w *countingWriter) Write(p []byte) (int, error) {
+	w.writes++
+	w.bytes += len(p)
+	return len(p), nil
 }
 
 // TestReLUFallbackIsExact: under the leaky policy, a ReLU site that cannot

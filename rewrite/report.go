@@ -1,6 +1,7 @@
 package rewrite
 
 import (
+	"bufio"
 	"fmt"
 	"io"
 	"sort"
@@ -178,6 +179,12 @@ func reluWarning(n int, slope float64) string {
 // WriteTable prints the report for people: the summary, then the ReLU
 // approximation in capitals if there is one, then one row per site.
 func (r *Report) WriteTable(w io.Writer) {
+	// Buffered: the table writer writes each cell apart, 2,400 system
+	// calls for densenet201's 201 sites, 10 ms on a VM measured
+	// 2026-12-02 (w may be os.Stdout itself).
+	bw := bufio.NewWriter(w)
+	defer bw.Flush()
+	w = bw
 	s := r.Summary
 	fmt.Fprintf(w, "rewrite %s: %d sites: %d exact, %d sign-folded, %d sign-flipped, %d fallback-abn, %d approximated; %d with tiny gamma; %d dense layers marked; %d residual adds fused\n",
 		r.Arch, s.Sites, s.Exact, s.SignFolded, s.SignFlipped, s.FallbackABN, s.Approximated, s.TinyGamma, s.DenseLayersMarked, s.ResidualsFused)

@@ -9,8 +9,10 @@ import (
 	"os"
 
 	"github.com/abnconvert/abnconvert/command"
+	"github.com/abnconvert/abnconvert/convert"
 )
 
 func main() {
+	convert.ProcessEndsAfterRun()
 	os.Exit(command.Main(os.Args, os.Stdout, os.Stderr))
 }
