@@ -304,5 +304,6 @@ func flattenTree(c *Checkpoint) ([]any, error) {
 // buffered one turn mapCopy off.
 func TestMain(m *testing.M) {
 	mapMin = 1
+	mapProbe = false // the tests choose maps or reads (mapCopy)
 	os.Exit(m.Run())
 }

@@ -6,7 +6,9 @@ import (
 	"io"
 	"os"
 	"runtime/debug"
+	"sync"
 	"syscall"
+	"time"
 
 	"github.com/abnconvert/abnconvert/negate"
 )
@@ -250,9 +252,87 @@ type vecWriter interface {
 const mapChunk = 1 << 20
 
 // mappable reports whether a record's bytes lie stored in the file (not
-// compressed), to be copied from a map.
+// compressed), to be copied from a map, and maps are what this machine
+// copies faster (chooseMaps).
 func (c *Checkpoint) mappable(st *Storage) bool {
-	return mapCopy && st.rec.zf == nil && st.rec.size >= mapMin
+	return mapCopy && st.rec.zf == nil && st.rec.size >= mapMin && !c.maps.reads
+}
+
+// mapChoice is a checkpoint's choice of copy for its large records, made
+// once by chooseMaps.
+type mapChoice struct {
+	once  sync.Once
+	reads bool // read them through buffers (pipeCopy), not maps
+}
+
+// mapProbe makes chooseMaps measure; tests turn it off to choose the
+// copy themselves (mapCopy).
+var mapProbe = true
+
+// chooseMaps decides, before the first large record is copied, whether
+// the large records are copied from maps of the input or read through the
+// writer's buffers. A map saves the copy into a buffer, but each page of
+// it costs a page-table entry set and cleared, which on some VMs is a
+// call into the hypervisor: on one measured 2026-12-02 (an AMD EPYC guest
+// with a paravirtualised MMU, where a page fault costs 11 µs), copying
+// wide_resnet101_2 from maps took 419 ms median and 660 ms CPU, through
+// buffers 195 ms and 271 ms (`cp`: 102 ms). Where page tables are cheap
+// the map wins by the copy it saves. So both are timed on the record
+// itself, 1 MiB each, best of two, and the faster one is kept: the output
+// is the same bytes either way. The read buffer is the writer's first
+// pipe buffer, which the reads then use.
+func (c *Checkpoint) chooseMaps(z *zipWriter, plan *writePlan) {
+	if !mapCopy || !mapProbe {
+		return
+	}
+	c.maps.once.Do(func() {
+		for _, s := range plan.storages {
+			if s.data == nil && s.stream == nil && s.src != nil && s.src.rec.zf == nil && s.src.rec.size >= max(mapMin, mapProbeSize) {
+				c.maps.reads = !c.mapsFaster(z, s.src)
+				return
+			}
+		}
+	})
+}
+
+// mapProbeSize is how much of a record chooseMaps maps and reads.
+const mapProbeSize = copyBufLen
+
+// mapsFaster times a map (populated, then unmapped) against a read of the
+// same mapProbeSize bytes of st's record, best of two each.
+func (c *Checkpoint) mapsFaster(z *zipWriter, st *Storage) bool {
+	buf := z.pipeBuffers()[0][:mapProbeSize]
+	page := int64(os.Getpagesize())
+	base := st.rec.offset &^ (page - 1)
+	n := int(st.rec.offset - base + mapProbeSize)
+	if _, err := c.f.ReadAt(buf, st.rec.offset); err != nil { // (the buffer's own pages fault in here)
+		return true // the copy meets the error again
+	}
+	read, mapped := time.Duration(1<<62), time.Duration(1<<62)
+	for range 2 {
+		t0 := time.Now()
+		if _, err := c.f.ReadAt(buf, st.rec.offset); err != nil {
+			return true
+		}
+		read = min(read, time.Since(t0))
+		t0 = time.Now()
+		m, err := syscall.Mmap(int(c.f.Fd()), base, n, syscall.PROT_READ, syscall.MAP_SHARED)
+		if err != nil {
+			return false
+		}
+		const madvPopulateRead = 22
+		if syscall.Madvise(m, madvPopulateRead) != nil {
+			// No MADV_POPULATE_READ (before Linux 5.14): the copy's maps
+			// then fault their pages in as they are read, a cost this
+			// probe would have to touch the map to see; keep the maps,
+			// as before the probe.
+			syscall.Munmap(m)
+			return true
+		}
+		syscall.Munmap(m)
+		mapped = min(mapped, time.Since(t0))
+	}
+	return mapped < read
 }
 
 // mapMin is the smallest record copyMapped copies: a map costs two system

@@ -75,6 +75,8 @@ type Checkpoint struct {
 	users map[*Storage]int
 	// ahead is readWhole's read-ahead over small stored records.
 	ahead readAheadState
+	// maps is the copy's choice between maps and reads (mapProbe).
+	maps mapChoice
 }
 
 // Open reads a checkpoint's structure. It executes nothing: globals outside

@@ -5,22 +5,25 @@ import (
 	"io"
 )
 
+// pipeBuffers is how many buffers pipeCopy reads ahead into.
+const pipeBuffers = 3
+
 // pipeCopy copies exactly size bytes from src to dst and returns their
 // CRC-32. Reading (and checksumming) runs in its own goroutine, a few
 // buffers ahead of writing, so that on two cores a record is read and
 // written at the same time: the copy then costs about as much as its
-// slower half, not the sum. Memory stays at pipeBuffers*len(buf).
-func pipeCopy(dst io.Writer, src io.Reader, size int64, bufLen int) (int64, uint32, error) {
-	const pipeBuffers = 3
+// slower half, not the sum. It reads into bufs (the caller's, reused from
+// record to record), so memory stays at their size.
+func pipeCopy(dst io.Writer, src io.Reader, size int64, bufs [][]byte) (int64, uint32, error) {
 	type chunk struct {
 		b   []byte
 		err error
 	}
-	free := make(chan []byte, pipeBuffers)
-	for i := 0; i < pipeBuffers; i++ {
-		free <- make([]byte, bufLen)
+	free := make(chan []byte, len(bufs))
+	for _, b := range bufs {
+		free <- b
 	}
-	full := make(chan chunk, pipeBuffers)
+	full := make(chan chunk, len(bufs))
 	stop := make(chan struct{})
 	var crc uint32
 	go func() {

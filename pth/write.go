@@ -238,6 +238,7 @@ func (c *Checkpoint) writeBody(z *zipWriter, plan *writePlan, pkl []byte, late *
 			run = nil
 		}
 	}
+	c.chooseMaps(z, plan)
 	for _, s := range plan.storages {
 		name := "archive/data/" + s.key
 		switch {

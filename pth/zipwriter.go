@@ -21,6 +21,11 @@ type zipWriter struct {
 	// use it to exercise those paths without writing 4 GiB.
 	force64 bool
 	buf     []byte
+	// pipe holds pipeCopy's buffers, made on first need and kept: made
+	// for each record, they were 3 MiB of garbage per large record (900
+	// MB of them on wide_resnet101_2 copied without maps), each page a
+	// fault, and the heap soon past the collector's limit.
+	pipe [][]byte
 	// queue, when non-nil, holds what write was given since the last
 	// flush, counted into off as if written (copyBatch).
 	queue [][]byte
@@ -48,6 +53,17 @@ const (
 
 func newZipWriter(w io.Writer) *zipWriter {
 	return &zipWriter{w: w, buf: make([]byte, copyBufLen)}
+}
+
+// pipeBuffers is z.pipe, made on first need.
+func (z *zipWriter) pipeBuffers() [][]byte {
+	if z.pipe == nil {
+		z.pipe = make([][]byte, pipeBuffers)
+		for i := range z.pipe {
+			z.pipe[i] = make([]byte, copyBufLen)
+		}
+	}
+	return z.pipe
 }
 
 func (z *zipWriter) write(b []byte) error {
@@ -88,7 +104,7 @@ func (z *zipWriter) add(name string, size int64, src io.Reader) (uint32, error) 
 	var n int64
 	var crc uint32
 	if size > copyBufLen {
-		n, crc, err = pipeCopy(z.w, src, size, copyBufLen)
+		n, crc, err = pipeCopy(z.w, src, size, z.pipeBuffers())
 	} else {
 		h := crc32.NewIEEE()
 		n, err = io.CopyBuffer(onlyWriter{io.MultiWriter(z.w, h)}, io.LimitReader(src, size), z.buf)
