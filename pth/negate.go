@@ -170,7 +170,8 @@ func (c *Checkpoint) copyNegated(z *zipWriter, name string, st *Storage, t *Tens
 	defer rc.Close()
 	l, _ := layoutOf(t)
 	fr := &negate.Reader{R: rc, Layout: l, Chans: t.negate}
-	if _, err := z.add(name, st.rec.size, fr); err != nil {
+	out := func() uint32 { return fr.CRC ^ l.CRCDelta(t.negate, 0, st.rec.size) }
+	if _, err := z.addSum(name, st.rec.size, fr, out); err != nil {
 		return fmt.Errorf("%s: copying %s: %w", c.Path, st.rec.name, err)
 	}
 	if st.rec.hasCRC && fr.CRC != st.rec.crc {

@@ -9,12 +9,12 @@ import (
 const pipeBuffers = 3
 
 // pipeCopy copies exactly size bytes from src to dst and returns their
-// CRC-32. Reading (and checksumming) runs in its own goroutine, a few
+// CRC-32 (0 unless sum). Reading (and checksumming) runs in its own goroutine, a few
 // buffers ahead of writing, so that on two cores a record is read and
 // written at the same time: the copy then costs about as much as its
 // slower half, not the sum. It reads into bufs (the caller's, reused from
 // record to record), so memory stays at their size.
-func pipeCopy(dst io.Writer, src io.Reader, size int64, bufs [][]byte) (int64, uint32, error) {
+func pipeCopy(dst io.Writer, src io.Reader, size int64, bufs [][]byte, sum bool) (int64, uint32, error) {
 	type chunk struct {
 		b   []byte
 		err error
@@ -37,7 +37,9 @@ func pipeCopy(dst io.Writer, src io.Reader, size int64, bufs [][]byte) (int64, u
 				return
 			}
 			n, err := io.ReadFull(src, b)
-			crc = crc32.Update(crc, crc32.IEEETable, b[:n])
+			if sum {
+				crc = crc32.Update(crc, crc32.IEEETable, b[:n])
+			}
 			if n > 0 {
 				full <- chunk{b: b[:n]}
 			}

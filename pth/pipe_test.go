@@ -26,7 +26,7 @@ func TestPipeCopyReusesBuffers(t *testing.T) {
 		src := make([]byte, size)
 		rng.Read(src)
 		var dst bytes.Buffer
-		n, crc, err := pipeCopy(&dst, bytes.NewReader(append(src, 0xAA)), int64(size), bufs)
+		n, crc, err := pipeCopy(&dst, bytes.NewReader(append(src, 0xAA)), int64(size), bufs, true)
 		if err != nil || n != int64(size) || !bytes.Equal(dst.Bytes(), src) || crc != crc32.ChecksumIEEE(src) {
 			t.Fatalf("size %d: copied %d bytes (equal %v), crc %08x want %08x, err %v", size, n, bytes.Equal(dst.Bytes(), src), crc, crc32.ChecksumIEEE(src), err)
 		}
@@ -34,11 +34,11 @@ func TestPipeCopyReusesBuffers(t *testing.T) {
 	// A writer's error ends the copy and is returned; the buffers serve
 	// the next copy all the same.
 	boom := errors.New("disk full")
-	if _, _, err := pipeCopy(failWriter{boom}, bytes.NewReader(make([]byte, 5*bufLen)), 5*bufLen, bufs); !errors.Is(err, boom) {
+	if _, _, err := pipeCopy(failWriter{boom}, bytes.NewReader(make([]byte, 5*bufLen)), 5*bufLen, bufs, true); !errors.Is(err, boom) {
 		t.Fatalf("err %v, want %v", err, boom)
 	}
 	var dst bytes.Buffer
-	if n, _, err := pipeCopy(&dst, bytes.NewReader(make([]byte, 3*bufLen)), 3*bufLen, bufs); err != nil || n != 3*bufLen {
+	if n, crc, err := pipeCopy(&dst, bytes.NewReader(make([]byte, 3*bufLen)), 3*bufLen, bufs, false); err != nil || n != 3*bufLen || crc != 0 {
 		t.Fatalf("after an error: %d bytes, %v", n, err)
 	}
 }

@@ -97,18 +97,32 @@ func (z *zipWriter) flush() error {
 // add writes one record of exactly size bytes read from src, through a
 // fixed buffer, and returns the CRC-32 of what it wrote.
 func (z *zipWriter) add(name string, size int64, src io.Reader) (uint32, error) {
+	return z.addSum(name, size, src, nil)
+}
+
+// addSum is add where sum, when not nil, gives the CRC-32 of what was
+// written once the copy has ended (a negated record's comes from its
+// input's, which the reader computes anyway, and the flips': no second
+// pass over the bytes).
+func (z *zipWriter) addSum(name string, size int64, src io.Reader, sum func() uint32) (uint32, error) {
 	e, err := z.begin(name, size)
 	if err != nil {
 		return 0, err
 	}
 	var n int64
 	var crc uint32
-	if size > copyBufLen {
-		n, crc, err = pipeCopy(z.w, src, size, z.pipeBuffers())
-	} else {
+	switch {
+	case size > copyBufLen:
+		n, crc, err = pipeCopy(z.w, src, size, z.pipeBuffers(), sum == nil)
+	case sum != nil:
+		n, err = io.CopyBuffer(onlyWriter{z.w}, io.LimitReader(src, size), z.buf)
+	default:
 		h := crc32.NewIEEE()
 		n, err = io.CopyBuffer(onlyWriter{io.MultiWriter(z.w, h)}, io.LimitReader(src, size), z.buf)
 		crc = h.Sum32()
+	}
+	if sum != nil && err == nil {
+		crc = sum()
 	}
 	z.off += n
 	if err != nil {
