@@ -30,6 +30,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"sync"
 
 	"github.com/abnconvert/abnconvert/graph"
 )
@@ -113,15 +114,27 @@ func Recognize(w graph.Weights, force string) (*graph.Graph, *Match, error) {
 
 // familyKeys matches, after the prefix, every key a family's modules can own.
 // Counting matches ranks the families and prefixes worth trying and says how
-// close an unrecognised state dict came.
-var familyKeys = map[string]*regexp.Regexp{
-	FamilyResNet: regexp.MustCompile(`^(?:` + resnetBodyKeys + `|fc\.(?:weight|bias))$`),
-	// The heads' keys are left loose: the builder names what is wrong.
-	FamilySegmentation: regexp.MustCompile(`^(?:backbone\.(?:` + resnetBodyKeys + `)|(?:aux_)?classifier\.\d+\.[\w.]+)$`),
-	FamilyDenseNet: regexp.MustCompile(`^(?:features\.(?:conv0\.weight|norm0\.` + bnRoles +
-		`|denseblock\d+\.denselayer\d+\.(?:norm\.?[12]\.` + bnRoles + `|conv\.?[12]\.(?:weight|bias))` +
-		`|transition\d+\.(?:norm\.` + bnRoles + `|conv\.(?:weight|bias))|norm5\.` + bnRoles + `)|classifier\.(?:weight|bias))$`),
-	FamilyVGG: regexp.MustCompile(`^(?:features\.\d+\.(?:weight|bias|running_mean|running_var|num_batches_tracked)|classifier\.[036]\.(?:weight|bias))$`),
+// close an unrecognised state dict came. Compiled on first need, not at
+// start: they were most of this package's 2-4 ms of init on a VM where the
+// pages a program first touches cost 11 µs each (Warm).
+var familyKeys = sync.OnceValue(func() map[string]*regexp.Regexp {
+	return map[string]*regexp.Regexp{
+		FamilyResNet: regexp.MustCompile(`^(?:` + resnetBodyKeys + `|fc\.(?:weight|bias))$`),
+		// The heads' keys are left loose: the builder names what is wrong.
+		FamilySegmentation: regexp.MustCompile(`^(?:backbone\.(?:` + resnetBodyKeys + `)|(?:aux_)?classifier\.\d+\.[\w.]+)$`),
+		FamilyDenseNet: regexp.MustCompile(`^(?:features\.(?:conv0\.weight|norm0\.` + bnRoles +
+			`|denseblock\d+\.denselayer\d+\.(?:norm\.?[12]\.` + bnRoles + `|conv\.?[12]\.(?:weight|bias))` +
+			`|transition\d+\.(?:norm\.` + bnRoles + `|conv\.(?:weight|bias))|norm5\.` + bnRoles + `)|classifier\.(?:weight|bias))$`),
+		FamilyVGG: regexp.MustCompile(`^(?:features\.\d+\.(?:weight|bias|running_mean|running_var|num_batches_tracked)|classifier\.[036]\.(?:weight|bias))$`),
+	}
+})
+
+// Warm compiles what recognising a checkpoint needs, for a caller that
+// has a core to spare before it recognises one (a conversion reading its
+// input).
+func Warm() {
+	familyKeys()
+	legacyDenseKey()
 }
 
 const bnRoles = `(?:weight|bias|running_mean|running_var|num_batches_tracked)`
@@ -192,7 +205,7 @@ func better(a, b candidate) bool {
 
 func score(keys []string, family, prefix string) int {
 	n := 0
-	re := familyKeys[family]
+	re := familyKeys()[family]
 	for _, k := range keys {
 		if rest, ok := strings.CutPrefix(k, prefix); ok && re.MatchString(rest) {
 			n++

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"sync"
 
 	"github.com/abnconvert/abnconvert/graph"
 )
@@ -257,10 +258,12 @@ func modernDenseKey(k string) string {
 	if !strings.Contains(k, ".norm.") && !strings.Contains(k, ".relu.") && !strings.Contains(k, ".conv.") {
 		return k
 	}
-	return legacyDenseKey.ReplaceAllString(k, "$1$2")
+	return legacyDenseKey().ReplaceAllString(k, "$1$2")
 }
 
-var legacyDenseKey = regexp.MustCompile(`^(.*denselayer\d+\.(?:norm|relu|conv))\.([12]\.(?:weight|bias|running_mean|running_var|num_batches_tracked))$`)
+var legacyDenseKey = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`^(.*denselayer\d+\.(?:norm|relu|conv))\.([12]\.(?:weight|bias|running_mean|running_var|num_batches_tracked))$`)
+})
 
 // view is a state dict seen through a key prefix, with legacy DenseNet names
 // mapped to the modern ones so that it can be compared with a generated

@@ -135,7 +135,7 @@ func pickleSecurity(path string) (*Security, error) {
 		return nil, err
 	}
 	sec := &Security{File: path, Format: string(a.Format), Pickle: true, Protocol: a.Protocol, Globals: []SecurityGlobal{}, Safe: true}
-	for _, r := range pth.Releases {
+	for _, r := range pth.Releases() {
 		v := r.Verdict(a)
 		sec.Torch = append(sec.Torch, v)
 		sec.Safe = sec.Safe && v.Accepted
@@ -143,12 +143,12 @@ func pickleSecurity(path string) (*Security, error) {
 	var unsafe []string
 	for _, g := range a.Globals {
 		sg := SecurityGlobal{Name: g, AllowedBy: []string{}}
-		for _, r := range pth.Releases {
+		for _, r := range pth.Releases() {
 			if r.Allows(g) {
 				sg.AllowedBy = append(sg.AllowedBy, r.Torch)
 			}
 		}
-		sg.Allowed = len(sg.AllowedBy) == len(pth.Releases)
+		sg.Allowed = len(sg.AllowedBy) == len(pth.Releases())
 		if len(sg.AllowedBy) == 0 {
 			unsafe = append(unsafe, g)
 		}
@@ -188,7 +188,7 @@ func (s *Security) refusals() string {
 
 func releaseNames() string {
 	var names []string
-	for _, r := range pth.Releases {
+	for _, r := range pth.Releases() {
 		names = append(names, r.Torch)
 	}
 	return strings.Join(names, " and ")

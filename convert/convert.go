@@ -116,6 +116,9 @@ func Run(opt Options) (*Result, error) {
 		return nil, err
 	}
 	defer collectLate()() // gc.go
+	// The recognisers' patterns compile on the other core, idle while
+	// the input is read.
+	go arch.Warm()
 	if opt.Graph != "" || isSafetensors(opt.Input) || isSafetensors(opt.Output) {
 		return runState(opt, start) // source.go
 	}

@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // Allowed reports whether this package's reader accepts a global, spelled
@@ -42,8 +43,9 @@ type Release struct {
 }
 
 // Releases lists the torch releases whose weights_only unpickler is known,
-// oldest first.
-var Releases = mustReleases()
+// oldest first. Parsed on first need (the security command), not at every
+// start.
+var Releases = sync.OnceValue(mustReleases)
 
 func mustReleases() []*Release {
 	names, err := weightsOnlyFiles.ReadDir("weightsonly")

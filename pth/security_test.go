@@ -35,8 +35,8 @@ func TestReleaseVerdicts(t *testing.T) {
 		{"blocked module", "\x80\x02cos\nsystem\n.", "global os.system", "global os.system (module os is blocked)"},
 		{"first reason wins", "\x80\x02cargparse\nNamespace\nG?\xf0\x00\x00\x00\x00\x00\x00\x86.", "global argparse.Namespace", "global argparse.Namespace"},
 	}
-	if len(Releases) != 2 || Releases[0].Torch != "1.13" || Releases[1].Torch != "2.6" {
-		t.Fatalf("releases %v, want 1.13 and 2.6", Releases)
+	if len(Releases()) != 2 || Releases()[0].Torch != "1.13" || Releases()[1].Torch != "2.6" {
+		t.Fatalf("releases %v, want 1.13 and 2.6", Releases())
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -46,7 +46,7 @@ func TestReleaseVerdicts(t *testing.T) {
 			}
 			a := &Audit{pickles: []auditedPickle{{"test", res.events}}}
 			for i, want := range []string{c.v113, c.v26} {
-				v := Releases[i].Verdict(a)
+				v := Releases()[i].Verdict(a)
 				if v.Accepted != (want == "") || !bytes.HasPrefix([]byte(v.Reason), []byte(want)) {
 					t.Errorf("torch %s: %+v, want %q", v.Torch, v, want)
 				}
@@ -75,7 +75,7 @@ func TestAuditFile(t *testing.T) {
 		if a.Format != c.format || a.Protocol != c.protocol || len(a.Globals) < 2 {
 			t.Errorf("%s: %s protocol %d globals %v", c.file, a.Format, a.Protocol, a.Globals)
 		}
-		for _, r := range Releases {
+		for _, r := range Releases() {
 			if v := r.Verdict(a); v.Accepted != c.accepted {
 				t.Errorf("%s: torch %s %+v", c.file, r.Torch, v)
 			}
