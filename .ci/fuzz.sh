@@ -15,6 +15,7 @@ export PATH=/usr/local/go/bin:$PATH
 FUZZTIME=${FUZZTIME:-20s}
 TARGETS=(
 	"./pth FuzzScanPickle"
+	"./pth FuzzFastPickle"
 	"./pth FuzzPickleInZip"
 	"./pth FuzzOpenWrite"
 	"./pth FuzzOpenModule"
