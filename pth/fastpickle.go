@@ -353,9 +353,13 @@ func (d *fastDecoder) run() (Value, bool) {
 			if !ok {
 				return nil, false
 			}
-			if dict, ok := e.v.(*Dict); ok {
-				dict.grow(len(items) / 2)
+			// gopickle refuses SETITEMS on what is not a dict even with
+			// no items to set (the fuzzer found an empty one on a list).
+			dict, ok := e.v.(*Dict)
+			if !ok {
+				return nil, false
 			}
+			dict.grow(len(items) / 2)
 			for i := 0; i < len(items); i += 2 {
 				if !setItem(&e, items[i], items[i+1]) {
 					return nil, false

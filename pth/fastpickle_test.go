@@ -120,6 +120,9 @@ func TestFastPickleDeclines(t *testing.T) {
 		{"ordered dup key", pOrdered(pu("k"), "K\x01", pu("k"), "K\x02"), false},
 		{"bare storage", "(" + pu("storage") + "ctorch\nFloatStorage\n" + pu("0") + pu("cpu") + "K\x01tQ", false},
 		{"storage in a list", "](" + pu("storage") + "ctorch\nFloatStorage\n" + pu("0") + pu("cpu") + "K\x01tQa", false},
+		{"empty setitems on a list", "](u", false},
+		{"empty setitems on a tuple", ")(u", false},
+		{"empty appends on a dict", "}(e", false},
 		{"unknown opcode", "K\x01K\x02\x32", false}, // DUP
 		{"long1 empty", "\x8a\x00", false},
 		{"no stop", "K\x01", false},
