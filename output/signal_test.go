@@ -38,6 +38,13 @@ func TestSignals(t *testing.T) {
 		t.Fatal("the stalled write returned")
 	}
 	nohup, _ := exec.LookPath("nohup")
+	// A child inherits the signals this test was started ignoring (go test
+	// run under nohup ignores SIGHUP): GNU env --default-signal gives the
+	// cases that want a handled signal its default disposition back.
+	var reset []string
+	if exec.Command("env", "--default-signal=HUP", "true").Run() == nil {
+		reset = []string{"env", "--default-signal=HUP,INT,TERM"}
+	}
 	for _, tc := range []struct {
 		name    string
 		sig     syscall.Signal
@@ -54,10 +61,11 @@ func TestSignals(t *testing.T) {
 			}
 			dir := t.TempDir()
 			write(t, filepath.Join(dir, "b"), "previous b")
-			cmd := exec.Command(os.Args[0], "-test.run=^TestSignals$")
-			if tc.ignored {
-				cmd = exec.Command(nohup, os.Args[0], "-test.run=^TestSignals$")
+			args := append(reset[:len(reset):len(reset)], os.Args[0], "-test.run=^TestSignals$")
+			if tc.ignored { // (after env, which would undo it)
+				args = append(reset[:len(reset):len(reset)], nohup, os.Args[0], "-test.run=^TestSignals$")
 			}
+			cmd := exec.Command(args[0], args[1:]...)
 			cmd.Env = append(os.Environ(), "OUTPUT_TEST_CHILD="+dir)
 			var out bytes.Buffer
 			cmd.Stdout, cmd.Stderr = &out, &out
@@ -90,7 +98,17 @@ func TestSignals(t *testing.T) {
 				sig = syscall.SIGTERM
 				cmd.Process.Signal(sig)
 			}
-			cmd.Wait()
+			// Bounded: a child that ignores the signal would hang the
+			// test until go test's own timeout, with nothing said.
+			waited := make(chan struct{})
+			go func() { cmd.Wait(); close(waited) }()
+			select {
+			case <-waited:
+			case <-time.After(30 * time.Second):
+				cmd.Process.Kill()
+				<-waited
+				t.Fatalf("the child outlived %v by 30 s; it said:\n%s", sig, out.String())
+			}
 			if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != sig {
 				t.Errorf("child ended with %v, want death by %v; it said:\n%s", cmd.ProcessState, sig, out.String())
 			}
