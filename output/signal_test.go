@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -61,10 +62,11 @@ func TestSignals(t *testing.T) {
 			}
 			dir := t.TempDir()
 			write(t, filepath.Join(dir, "b"), "previous b")
-			args := append(reset[:len(reset):len(reset)], os.Args[0], "-test.run=^TestSignals$")
-			if tc.ignored { // (after env, which would undo it)
-				args = append(reset[:len(reset):len(reset)], nohup, os.Args[0], "-test.run=^TestSignals$")
+			child := []string{os.Args[0], "-test.run=^TestSignals$"}
+			if tc.ignored {
+				child = append([]string{nohup}, child...) // after env, which would undo it
 			}
+			args := append(slices.Clone(reset), child...)
 			cmd := exec.Command(args[0], args[1:]...)
 			cmd.Env = append(os.Environ(), "OUTPUT_TEST_CHILD="+dir)
 			var out bytes.Buffer
