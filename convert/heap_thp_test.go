@@ -1,0 +1,107 @@
+//go:build linux && (amd64 || arm64)
+
+package convert
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"unsafe"
+)
+
+// TestHugeHeap checks, in a fresh process (the test binary run again) as
+// the command has, that what a conversion allocates after hugeHeap lies in
+// memory advised for huge pages, and is backed by them where the kernel
+// grants them: the property the advice was for, which a runtime that
+// mapped its heap differently would lose without a word.
+func TestHugeHeap(t *testing.T) {
+	if os.Getenv("ABNCONVERT_HUGEHEAP_CHILD") == "1" {
+		hugeHeapChild()
+		return
+	}
+	cmd := exec.Command(os.Args[0], "-test.run", "^TestHugeHeap$", "-test.v")
+	cmd.Env = append(os.Environ(), "ABNCONVERT_HUGEHEAP_CHILD=1", "GODEBUG=")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("child: %v\n%s", err, out)
+	}
+	var line string
+	for _, l := range strings.Split(string(out), "\n") {
+		if strings.HasPrefix(l, "hugeheap ") {
+			line = l
+		}
+	}
+	var advised, flags string
+	var huge, lo, hi int64
+	if _, err := fmt.Sscanf(line, "hugeheap advised=%s flags=%s anonhuge=%d lo=%d hi=%d", &advised, &flags, &huge, &lo, &hi); err != nil {
+		t.Fatalf("child's report %q: %v\n%s", line, err, out)
+	}
+	if advised == "no" {
+		t.Skipf("madvise(MADV_HUGEPAGE) refused here (a kernel without THP)")
+	}
+	if !strings.Contains(flags, "hg") {
+		t.Errorf("an allocation after hugeHeap lies in a mapping with flags %s, without hg (MADV_HUGEPAGE); advised [%#x, %#x)", flags, lo, hi)
+	}
+	mode, _ := os.ReadFile("/sys/kernel/mm/transparent_hugepage/enabled")
+	if strings.Contains(string(mode), "[never]") {
+		t.Logf("THP is off on this system (%s): only the advice is checked", strings.TrimSpace(string(mode)))
+		return
+	}
+	if huge == 0 {
+		t.Errorf("8 MB allocated and touched after hugeHeap: no AnonHugePages in its mapping (THP %s)", strings.TrimSpace(string(mode)))
+	}
+}
+
+// hugeHeapChild advises the heap, allocates and touches 8 MB, and prints
+// the smaps entry of the mapping that holds it.
+func hugeHeapChild() {
+	lo, hi := hugeHeap(hugeHeapBytes)
+	b := make([]byte, 8<<20)
+	for i := range b {
+		if i%4096 == 0 {
+			b[i] = 1
+		}
+	}
+	p := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b))))
+	advised := "yes"
+	if lo == 0 && hi == 0 {
+		advised = "no"
+	}
+	flags, huge := "none", int64(-1)
+	f, err := os.Open("/proc/self/smaps")
+	if err != nil {
+		fmt.Println("hugeheap error", err)
+		return
+	}
+	defer f.Close()
+	in := false
+	for s := bufio.NewScanner(f); s.Scan(); {
+		l := s.Text()
+		fields := strings.Fields(l)
+		if len(fields) > 0 && strings.Contains(fields[0], "-") && !strings.HasSuffix(fields[0], ":") {
+			a, b, _ := strings.Cut(fields[0], "-")
+			start, _ := strconv.ParseUint(a, 16, 64)
+			end, _ := strconv.ParseUint(b, 16, 64)
+			in = start <= p && p < end
+			continue
+		}
+		if !in {
+			continue
+		}
+		switch fields[0] {
+		case "AnonHugePages:":
+			huge, _ = strconv.ParseInt(fields[1], 10, 64)
+		case "VmFlags:":
+			flags = strings.Join(fields[1:], ",")
+		}
+	}
+	fmt.Printf("hugeheap advised=%s flags=%s anonhuge=%d lo=%d hi=%d\n", advised, flags, huge, lo, hi)
+	runtimeKeep(b)
+}
+
+//go:noinline
+func runtimeKeep(b []byte) { _ = b[0] }
