@@ -33,6 +33,10 @@ func collectLate() (restore func()) {
 	// process left deferred (ProcessEndsAfterRun) is still in force: its
 	// saved settings and pending finalizer stay.
 	if lateGC.depth++; lateGC.depth == 1 && !lateGC.on {
+		if lateGC.leave && !lateGC.huge {
+			hugeHeap(hugeHeapBytes) // heap_thp.go
+			lateGC.huge = true
+		}
 		lateGC.pct = debug.SetGCPercent(-1)
 		lateGC.limit = debug.SetMemoryLimit(lateGCHeap)
 		lateGC.on = true
@@ -60,6 +64,7 @@ type lateGCState struct {
 	depth int   // collectLate calls not yet restored
 	on    bool  // the collector is off
 	leave bool  // ProcessEndsAfterRun: restore leaves it off
+	huge  bool  // hugeHeap has run (once a process, if leave)
 	pct   int   // the settings found,
 	limit int64 // restored when it ends
 }
@@ -89,16 +94,16 @@ type gcSentinel struct{ _ *byte }
 // on densenet201 (a VM measured 2026-12-02). A process that goes on
 // (convert --verify) keeps the same bound on its heap.
 //
-// It also readies the heap the conversion fills with huge pages
-// (hugeHeap): call it first, while the heap is still empty.
+// The first conversion of such a process also readies the heap it fills
+// for huge pages (hugeHeap); help, inspect and the like, which allocate
+// little, do not pay the collection that takes (about 3 ms).
 func ProcessEndsAfterRun() {
-	hugeHeap(hugeHeapBytes)
 	lateGC.Lock()
 	defer lateGC.Unlock()
 	lateGC.leave = true
 }
 
-// hugeHeapBytes is the block ProcessEndsAfterRun advises for huge pages:
+// hugeHeapBytes is the block advised for huge pages (hugeHeap):
 // what the largest bench conversions allocate (densenet201 about 30 MB,
 // 40 MB of huge pages took its page faults from 8,100 to 1,100 where 32
 // left 1,400), under lateGCHeap.

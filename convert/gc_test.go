@@ -94,9 +94,15 @@ func TestCollectLate(t *testing.T) {
 			runtime.KeepAlive(keep)
 		}},
 		{"left deferred for a process that ends", func(t *testing.T) {
-			defer func() { lateGC.Lock(); lateGC.leave = false; lateGC.Unlock() }()
+			defer func() { lateGC.Lock(); lateGC.leave, lateGC.huge = false, false; lateGC.Unlock() }()
 			ProcessEndsAfterRun()
+			if lateGC.huge {
+				t.Fatalf("heap readied for huge pages before any conversion")
+			}
 			collectLate()()
+			if !lateGC.huge {
+				t.Errorf("the first conversion of a process that ends did not ready its heap (hugeHeap)")
+			}
 			if p := gcPercent(); p != -1 {
 				t.Fatalf("GC percent %d after restore in a process that ends, want -1 (still deferred)", p)
 			}
