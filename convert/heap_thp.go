@@ -43,11 +43,12 @@ func hugeHeap(n int) (lo, hi uintptr) {
 	b := make([]byte, n)
 	p := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
 	lo, hi = p&^(heapArena-1), p+uintptr(n)
+	// The raw call, not syscall.Madvise: the range starts below the
+	// block, at the arena's first pages, which no Go slice spans.
 	if _, _, e := syscall.Syscall(syscall.SYS_MADVISE, lo, hi-lo, syscall.MADV_HUGEPAGE); e != 0 {
 		lo, hi = 0, 0 // no THP in this kernel: nothing lost
 	}
-	runtime.KeepAlive(b)
-	b = nil
+	runtime.KeepAlive(b) // live until advised; the collection below frees it
 	runtime.GC()
 	debug.SetGCPercent(pct)
 	return lo, hi

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -123,8 +124,5 @@ func hugeHeapChild() {
 		}
 	}
 	fmt.Printf("hugeheap advised=%s flags=%s anonhuge=%d lo=%d hi=%d fallback=%d\n", advised, flags, huge, lo, hi, fallback)
-	runtimeKeep(b)
+	runtime.KeepAlive(b)
 }
-
-//go:noinline
-func runtimeKeep(b []byte) { _ = b[0] }
