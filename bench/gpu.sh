@@ -26,14 +26,21 @@
 #     on act_net (ReLU6, SiLU, SE gate, Hardswish, GELU, Hardsigmoid) and
 #     the layout networks (shuffle, inception, head, seg, unet, upseq) and sd
 #     (StochasticDepth, row and batch, from a train-mode export), converted with
-#     --relu abn, structure from their ONNX exports;
+#     --relu abn, structure from their ONNX exports; and fixtures/zoo.py's
+#     networks as whole pickled modules (bench/gpu_torch.py zoo): those in
+#     $ZOO_DIR, made here by torch 1.13 and carried, and $ZOO_MODELS made
+#     there by the GPU machine's own PyTorch;
 #  4. InPlace-ABN forward and backward throughput against the device's copy
 #     bandwidth and against PyTorch's batch norm + leaky ReLU, same tensors;
-#  5. resnet50 and densenet121 (torchvision, random weights): one training
-#     step before and after conversion, in the runtime on the GPU and in
-#     PyTorch (the emitted module).
+#  5. resnet50 and densenet121 (torchvision, trained-like BatchNorm: gammas of
+#     both signs): verify --device cuda and cpu at batch 8, 224x224; the GPU's
+#     eval output, training output and gradients against the CPU backend's
+#     (TestGPUCheckpointsMatchCPU); one training step before and after
+#     conversion, in the runtime on the GPU and in PyTorch (the emitted module).
 # Environment: BATCH (32), SIZE (224), PYTHON (python3), MODELS
-# (resnet50,densenet121), SHAPES (the throughput tensors).
+# (resnet50,densenet121), VBATCH (8: verify's batch for MODELS), SHAPES (the
+# throughput tensors), ZOO_DIR (build/gpu-zoo), ZOO_MODELS (made on the spot),
+# ABN_COMMIT (the commit, where the tree came without .git).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -59,6 +66,9 @@ JSONL=$(cd "$OUTDIR" && pwd)/$NAME.jsonl
 BIN=bin/abnconvert-cuda
 TEST=bin/cuda.test
 MODELS=${MODELS:-resnet50,densenet121}
+VBATCH=${VBATCH:-8}
+ZOO_DIR=${ZOO_DIR:-build/gpu-zoo}
+ZOO_MODELS=${ZOO_MODELS:-}
 BATCH=${BATCH:-32}
 SIZE=${SIZE:-224}
 SHAPES=${SHAPES:-32x64x112x112,32x256x56x56,32x512x28x28,256x2048x7x7}
@@ -67,7 +77,7 @@ STEPS=2 # training steps per network in TestGPUTrainingMemory (the first warms u
 if [ $DRY = 1 ]; then
 	# Small sizes on the CPU: checks the plumbing, measures nothing.
 	PYTHON=${PYTHON:-/usr/bin/python3}
-	BATCH=2 SIZE=64 SHAPES=2x8x16x16,2x8x7x7 DEVICE=cpu
+	BATCH=2 SIZE=64 VBATCH=2 SHAPES=2x8x16x16,2x8x7x7 DEVICE=cpu
 fi
 if [ $EMU = 1 ]; then
 	# The emulated driver runs every kernel on one CPU thread: small sizes.
@@ -78,7 +88,7 @@ if [ $EMU = 1 ]; then
 	fi
 	export LD_LIBRARY_PATH=$PWD/bin/emudriver${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 	PYTHON=${PYTHON:-/usr/bin/python3}
-	BATCH=${EMU_BATCH:-2} SIZE=${EMU_SIZE:-64} SHAPES=${EMU_SHAPES:-2x16x16x16,2x8x7x7} DEVICE=cpu STEPS=1
+	BATCH=${EMU_BATCH:-2} SIZE=${EMU_SIZE:-64} VBATCH=2 SHAPES=${EMU_SHAPES:-2x16x16x16,2x8x7x7} DEVICE=cpu STEPS=1
 fi
 FAILED=0
 fail() { # fail MESSAGE: note a failed check for the report and the exit status
@@ -106,7 +116,7 @@ done
 log "1. environment"
 {
 	echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-	echo "commit: $(git describe --always --dirty 2>/dev/null || echo unknown)"
+	echo "commit: ${ABN_COMMIT:-$(git describe --always --dirty 2>/dev/null || echo unknown)}"
 	nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader 2>/dev/null ||
 		echo "nvidia-smi: none"
 } | tee -a "$LOG" >"$WORK/env.txt"
@@ -128,7 +138,9 @@ grep -E '^\s+compare_test.go:[0-9]+: .{45} [0-9.e+-]+$' "$WORK/tests.txt" | sed 
 log "3. abnconvert verify --device cuda / cpu on the fixtures"
 : >"$WORK/verify.txt"
 # verify_row NAME INPUT [CONVERT ARGS...]: convert INPUT (with the extra
-# arguments, which verify takes too), verify on both devices, one table row.
+# arguments, which verify takes too), verify on both devices, one table row;
+# the array VARGS, verify's alone (--batch, --size).
+VARGS=()
 verify_row() {
 	local n=$1 f=$2 out_pth
 	shift 2
@@ -140,9 +152,9 @@ verify_row() {
 	}
 	local line="| $n |" dev out rc eval_rel verdict
 	for dev in cuda cpu; do
-		out=$("$BIN" verify --original "$f" --converted "$out_pth" "$@" --device $dev --quiet 2>&1)
+		out=$("$BIN" verify --original "$f" --converted "$out_pth" "$@" ${VARGS[@]+"${VARGS[@]}"} --device $dev --quiet 2>&1)
 		rc=$?
-		echo "\$ verify $n $* --device $dev (exit $rc)" >>"$LOG"
+		echo "\$ verify $n $* ${VARGS[*]} --device $dev (exit $rc)" >>"$LOG"
 		echo "$out" >>"$LOG"
 		eval_rel=$(echo "$out" | sed -n 's/.*eval output *rel \([0-9.e+-]*\).*/\1/p' | head -1)
 		case $rc in
@@ -184,6 +196,19 @@ for op in 13 17; do
 		--graph "fixtures/testdata/stochdepth/sd_op$op.onnx" --relu abn
 done
 
+# fixtures/zoo.py's networks, whole pickled modules (bench/gpu_torch.py zoo):
+# those carried in $ZOO_DIR (torch 1.13, what CI's make zoo reads), and
+# $ZOO_MODELS made here by this machine's PyTorch.
+if [ -n "$ZOO_MODELS" ]; then
+	run "$PYTHON" bench/gpu_torch.py zoo --out "$WORK/zoo" --models "$ZOO_MODELS" || fail "gpu_torch.py zoo failed: see $NAME.log"
+	grep '"kind": "zoo_module"' "$LOG" >>"$JSONL" || true
+fi
+for f in "$ZOO_DIR"/*.module.pth "$WORK"/zoo/*.module.pth; do
+	[ -f "$f" ] || continue
+	case $f in "$WORK"/*) by="this machine's torch" ;; *) by="torch 1.13" ;; esac
+	verify_row "$(basename "$f" .module.pth) (whole module by $by, --relu abn)" "$f" --relu abn
+done
+
 log "4. InPlace-ABN throughput"
 if [ $DRY = 0 ]; then
 	(cd cuda && ABN_GPU_BENCH=1 ABN_GPU_SHAPES="$SHAPES" ABN_GPU_REPORT="$JSONL" "../$TEST" -test.run 'TestGPUThroughput' -test.v -test.timeout 300s) >>"$LOG" 2>&1 ||
@@ -193,13 +218,16 @@ run "$PYTHON" bench/gpu_torch.py throughput --shapes "$SHAPES" --device $DEVICE 
 grep '"kind": "torch_throughput"' "$LOG" >>"$JSONL" || true
 
 log "5. training-step memory: $MODELS, batch $BATCH, ${SIZE}x$SIZE"
-run "$PYTHON" bench/gpu_torch.py checkpoints --out "$WORK" --models "$MODELS" || fail "gpu_torch.py checkpoints failed: see $NAME.log"
+run "$PYTHON" bench/gpu_torch.py checkpoints --out "$WORK" --models "$MODELS" --trained || fail "gpu_torch.py checkpoints failed: see $NAME.log"
 CKPTS=""
 for m in ${MODELS//,/ }; do
 	[ -f "$WORK/$m.pth" ] || continue
 	CKPTS="${CKPTS:+$CKPTS,}$WORK/$m.pth"
 	run "$BIN" convert -i "$WORK/$m.pth" -o "$WORK/${m}_abn.pth" --emit-module "$WORK/${m}_abn.py" --force --quiet ||
 		fail "convert $m failed: see $NAME.log"
+	VARGS=(--batch "$VBATCH" --size "$SIZE")
+	verify_row "$m (trained-like, batch $VBATCH, ${SIZE}x$SIZE)" "$WORK/$m.pth"
+	VARGS=()
 	if [ $DRY = 0 ]; then
 		echo "\$ $BIN memory --device cuda --batch $BATCH --size $SIZE $m.pth" >>"$LOG"
 		"$BIN" memory --device cuda --batch "$BATCH" --size "$SIZE" --quiet "$WORK/$m.pth" >"$WORK/memory-$m.txt" 2>&1 ||
@@ -214,6 +242,10 @@ for m in ${MODELS//,/ }; do
 done
 grep '"kind": "torch_memory"' "$LOG" >>"$JSONL" || true
 if [ $DRY = 0 ] && [ -n "$CKPTS" ]; then
+	(cd cuda && ABN_GPU_COMPARE="$CKPTS" ABN_GPU_COMPARE_BATCH=$VBATCH ABN_GPU_COMPARE_SIZE=$SIZE ABN_GPU_REPORT="$JSONL" \
+		"../$TEST" -test.run 'TestGPUCheckpointsMatchCPU' -test.v -test.timeout 300s) >"$WORK/compare.txt" 2>&1 ||
+		fail "TestGPUCheckpointsMatchCPU failed: $(grep -m1 -E 'relative difference|Error|FAIL' "$WORK/compare.txt" | sed 's/^ *//')"
+	cat "$WORK/compare.txt" >>"$LOG"
 	(cd cuda && ABN_GPU_CHECKPOINTS="$CKPTS" ABN_GPU_BATCH=$BATCH ABN_GPU_SIZE=$SIZE ABN_GPU_STEPS=$STEPS ABN_GPU_REPORT="$JSONL" \
 		"../$TEST" -test.run 'TestGPUTrainingMemory' -test.v -test.timeout 500s) >>"$LOG" 2>&1 ||
 		fail "TestGPUTrainingMemory failed: see $NAME.log"
@@ -247,7 +279,7 @@ log "report: $MD"
 		echo '```'
 	fi
 	echo
-	echo "## abnconvert verify on the fixtures"
+	echo "## abnconvert verify: fixtures, zoo networks, full-size checkpoints"
 	echo
 	echo "| fixture | --device cuda | --device cpu |"
 	echo "|---|---|---|"

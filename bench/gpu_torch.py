@@ -3,7 +3,8 @@
 
     python3 bench/gpu_torch.py env
     python3 bench/gpu_torch.py throughput --shapes 32x64x112x112,... [--device cuda] [--reps 20]
-    python3 bench/gpu_torch.py checkpoints --out DIR [--models resnet50,densenet121]
+    python3 bench/gpu_torch.py checkpoints --out DIR [--models resnet50,densenet121] [--trained]
+    python3 bench/gpu_torch.py zoo --out DIR --models mobilenet_v3_small,...
     python3 bench/gpu_torch.py memory --model resnet50 --checkpoint DIR/resnet50.pth \\
         --converted DIR/resnet50_abn.pth --module DIR/resnet50_abn.py [--batch 32 --size 224]
     python3 bench/gpu_torch.py render --jsonl a.jsonl b.jsonl ... > gpu.md
@@ -122,9 +123,47 @@ def cmd_checkpoints(a):
     for name in a.models.split(","):
         torch.manual_seed(0)
         model = getattr(torchvision.models, name)()
+        if a.trained:
+            # Gammas of both signs, a few below eps, measured running
+            # statistics (fixtures/models.py): the sign folding a trained
+            # checkpoint needs, which torchvision's initialisation (every
+            # gamma 1) skips.
+            sys.path.insert(0, os.path.join(ROOT, "fixtures"))
+            import models
+
+            models.trained_like(model, 64, seed=1)
         path = os.path.join(a.out, name + ".pth")
         torch.save(model.state_dict(), path)
-        emit("checkpoint", model=name, path=path, bytes=os.path.getsize(path))
+        emit("checkpoint", model=name, path=path, bytes=os.path.getsize(path), trained=a.trained)
+
+
+def cmd_zoo(a):
+    """Whole pickled modules (torch.save(model)) of fixtures/zoo.py's
+    networks, trained-like and calibrated as zoo.py makes them, for
+    bench/gpu.sh's verify rows. Classification heads have 10 classes, so
+    that the files travel to the GPU machine within its size limit; the
+    blocks are torchvision's own."""
+    import torch
+    import torchvision
+
+    sys.path.insert(0, os.path.join(ROOT, "fixtures"))
+    import models
+    import zoo
+
+    os.makedirs(a.out, exist_ok=True)
+    seg = torchvision.models.segmentation
+    for name in a.models.split(","):
+        torch.manual_seed(0)
+        if hasattr(seg, name) or name.endswith("_aux") or name in ("googlenet", "inception_v3"):
+            net = zoo.build(name)
+        else:
+            net = getattr(torchvision.models, name)(weights=None, num_classes=10)
+        export_size, test_size, _ = zoo.ZOO[name]
+        models.trained_like(net, export_size, seed=1)
+        zoo.calibrate(net, test_size)
+        path = os.path.join(a.out, name + ".module.pth")
+        torch.save(net, path)
+        emit("zoo_module", model=name, path=path, bytes=os.path.getsize(path), torch=torch.__version__)
 
 
 def load_module(path):
@@ -225,14 +264,14 @@ def cmd_render(a):
     by = lambda k: [r for r in rows if r.get("kind") == k]
     out = []
     p = out.append
-    p("## CUDA backend against the CPU runtime (fixtures, 2x3x64x64)\n")
+    p("## CUDA backend against the CPU runtime\n")
     cmp = by("cuda_vs_cpu")
     if cmp:
-        p("| network | eval output | training output | input gradient | parameter gradients | running statistics |")
-        p("|---|---|---|---|---|---|")
+        p("| network | input | eval output | training output | input gradient | parameter gradients | running statistics |")
+        p("|---|---|---|---|---|---|---|")
         for r in cmp:
             w = r["worst_relative"]
-            p("| %s | %s |" % (r["network"], " | ".join("%.1e" % w.get(k, float("nan")) for k in
+            p("| %s | %s | %s |" % (r["network"], "x".join(map(str, r.get("input", []))), " | ".join("%.1e" % w.get(k, float("nan")) for k in
                                                       ["eval_output", "train_output", "input_gradient",
                                                        "parameter_gradients", "running_statistics"])))
         p("\nLargest absolute difference over the CPU's largest magnitude, per result; limits 1e-4 (eval and "
@@ -326,6 +365,10 @@ def main():
     c = sub.add_parser("checkpoints")
     c.add_argument("--out", required=True)
     c.add_argument("--models", default="resnet50,densenet121")
+    c.add_argument("--trained", action="store_true", help="trained-like BatchNorm parameters (fixtures/models.py)")
+    z = sub.add_parser("zoo")
+    z.add_argument("--out", required=True)
+    z.add_argument("--models", required=True)
     m = sub.add_parser("memory")
     m.add_argument("--model", required=True)
     m.add_argument("--checkpoint", required=True)
@@ -337,7 +380,7 @@ def main():
     r = sub.add_parser("render")
     r.add_argument("--jsonl", nargs="+", required=True)
     a = ap.parse_args()
-    {"env": cmd_env, "throughput": cmd_throughput, "checkpoints": cmd_checkpoints, "memory": cmd_memory,
+    {"env": cmd_env, "throughput": cmd_throughput, "checkpoints": cmd_checkpoints, "zoo": cmd_zoo, "memory": cmd_memory,
      "render": cmd_render}[a.cmd](a)
 
 

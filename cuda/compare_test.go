@@ -100,10 +100,16 @@ func compareOps(t *testing.T, newB func(testing.TB) *Backend) {
 // channels with |gamma| < eps on purpose, and InPlace-ABN's backward
 // divides by gamma, which magnifies float32 rounding there.
 func compareNetworks(t *testing.T, newB func(testing.TB) *Backend, x *runtime.HostTensor) map[string]map[string]float64 {
+	return compareNets(t, fixtureNets(t), 2, newB, x)
+}
+
+// compareNets is compareNetworks over the networks given, the CPU backend
+// with the threads given.
+func compareNets(t *testing.T, nets []fixtureNet, threads int, newB func(testing.TB) *Backend, x *runtime.HostTensor) map[string]map[string]float64 {
 	worst := map[string]map[string]float64{}
-	for _, n := range fixtureNets(t) {
+	for _, n := range nets {
 		t.Run(n.name, func(t *testing.T) {
-			want := runStep(t, n, runtime.NewCPU(2), x)
+			want := runStep(t, n, runtime.NewCPU(threads), x)
 			b := newB(t)
 			got := runStep(t, n, b, x)
 			gradScale := 0.0

@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	goruntime "runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -28,6 +29,8 @@ import (
 //	ABN_GPU_CHECKPOINTS=a,b    run TestGPUTrainingMemory on these .pth files
 //	ABN_GPU_BATCH, ABN_GPU_SIZE  its batch and image size (32, 224)
 //	ABN_GPU_STEPS              its training steps per network (2: the first warms up the pool)
+//	ABN_GPU_COMPARE=a,b        run TestGPUCheckpointsMatchCPU on these .pth files
+//	ABN_GPU_COMPARE_BATCH, ABN_GPU_COMPARE_SIZE  its batch and image size (8, 224)
 
 func openOrSkip(t testing.TB) *Backend {
 	t.Helper()
@@ -91,6 +94,44 @@ func TestGPUNetworksMatchCPU(t *testing.T) {
 	openOrSkip(t)
 	x := randomInput(1, 2, 3, 64, 64)
 	worst := compareNetworks(t, openOrSkip, x)
+	for _, name := range sortedKeys(worst) {
+		report(t, "cuda_vs_cpu", map[string]any{"network": name, "input": x.Shape, "worst_relative": worst[name]})
+	}
+}
+
+// TestGPUCheckpointsMatchCPU: full-size networks (torchvision checkpoints,
+// recognised by their keys), original and converted, at batch 8 and
+// 224x224 by default: one eval forward and one training step on the GPU
+// against the CPU backend, with compareNetworks' limits (eval outputs
+// within 1e-4 relative).
+func TestGPUCheckpointsMatchCPU(t *testing.T) {
+	list := os.Getenv("ABN_GPU_COMPARE")
+	if list == "" {
+		t.Skip("set ABN_GPU_COMPARE")
+	}
+	openOrSkip(t)
+	batch, size := envInt("ABN_GPU_COMPARE_BATCH", 8), envInt("ABN_GPU_COMPARE_SIZE", 224)
+	var nets []fixtureNet
+	for _, path := range strings.Split(list, ",") {
+		name := strings.TrimSuffix(filepath.Base(path), ".pth")
+		for _, converted := range []bool{false, true} {
+			w := loadWeights(t, path)
+			g, _, err := arch.Recognize(w, "auto")
+			if err != nil {
+				t.Fatalf("%s: %v", path, err)
+			}
+			n := fixtureNet{name: name, g: g, w: w}
+			if converted {
+				n.name += " converted"
+				if _, err := rewrite.Run(g, w, rewrite.Options{ReLU: rewrite.ReLULeaky, Slope: 0.01}); err != nil {
+					t.Fatalf("%s: %v", path, err)
+				}
+			}
+			nets = append(nets, n)
+		}
+	}
+	x := randomInput(1, batch, 3, size, size)
+	worst := compareNets(t, nets, goruntime.NumCPU(), openOrSkip, x)
 	for _, name := range sortedKeys(worst) {
 		report(t, "cuda_vs_cpu", map[string]any{"network": name, "input": x.Shape, "worst_relative": worst[name]})
 	}
