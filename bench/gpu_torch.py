@@ -271,11 +271,22 @@ def cmd_render(a):
         p("|---|---|---|---|---|---|---|")
         for r in cmp:
             w = r["worst_relative"]
-            p("| %s | %s | %s |" % (r["network"], "x".join(map(str, r.get("input", []))), " | ".join("%.1e" % w.get(k, float("nan")) for k in
-                                                      ["eval_output", "train_output", "input_gradient",
-                                                       "parameter_gradients", "running_statistics"])))
+            def cell(k):
+                v = "%.1e" % w.get(k, float("nan"))
+                if k.endswith("gradient") or k.endswith("gradients"):
+                    if k + "_of_limit" in w:
+                        v += " (%.2f of limit)" % w[k + "_of_limit"]
+                    if k == "parameter_gradients" and w.get("skipped"):
+                        v += ", %d skipped" % w["skipped"]
+                return v
+            p("| %s | %s | %s |" % (r["network"], "x".join(map(str, r.get("input", []))), " | ".join(
+                cell(k) for k in ["eval_output", "train_output", "input_gradient", "parameter_gradients",
+                                  "running_statistics"])))
         p("\nLargest absolute difference over the CPU's largest magnitude, per result; limits 1e-4 (eval and "
-          "training outputs, running statistics) and 5e-3 (gradients, verify's training floor).\n")
+          "training outputs, running statistics) and for gradients 5e-3 (verify's training floor) or, on the "
+          "full-size checkpoints, 25 times the gradient's float32 noise where that is larger (the largest "
+          "difference among the CPU run and two CPU runs on the input moved by one rounding; a gradient whose "
+          "limit reaches 1 is skipped): \"of limit\" is the worst difference over its limit.\n")
     else:
         p("(not run: no GPU)\n")
     thr, tthr = by("throughput"), {tuple(r["shape"]): r for r in by("torch_throughput")}

@@ -102,8 +102,8 @@ func TestGPUNetworksMatchCPU(t *testing.T) {
 // TestGPUCheckpointsMatchCPU: full-size networks (torchvision checkpoints,
 // recognised by their keys), original and converted, at batch 8 and
 // 224x224 by default: one eval forward and one training step on the GPU
-// against the CPU backend, with compareNetworks' limits (eval outputs
-// within 1e-4 relative).
+// against the CPU backend: eval and training outputs within 1e-4 relative,
+// gradients within 25 times their float32 noise (compareNets).
 func TestGPUCheckpointsMatchCPU(t *testing.T) {
 	list := os.Getenv("ABN_GPU_COMPARE")
 	if list == "" {
@@ -131,7 +131,7 @@ func TestGPUCheckpointsMatchCPU(t *testing.T) {
 		}
 	}
 	x := randomInput(1, batch, 3, size, size)
-	worst := compareNets(t, nets, goruntime.NumCPU(), openOrSkip, x)
+	worst := compareNets(t, nets, goruntime.NumCPU(), 2, openOrSkip, x)
 	for _, name := range sortedKeys(worst) {
 		report(t, "cuda_vs_cpu", map[string]any{"network": name, "input": x.Shape, "worst_relative": worst[name]})
 	}
