@@ -416,3 +416,17 @@ func perturb(x *runtime.HostTensor, seed, d uint64) *runtime.HostTensor {
 	}
 	return y
 }
+
+// RoundingMoved returns the d-th of verify's perturbed copies of a
+// network's weights w (graph g) and input x: every value moved by one
+// rounding, and from the noiseDraws-th copy on a convolution's or linear
+// layer's weights by up to sqrt(fan-in) roundings (perturbedWeights). It
+// lets another comparison, the CUDA backend's results against the CPU
+// backend's, be judged against the same float32 noise verify uses.
+func RoundingMoved(g *graph.Graph, w graph.Weights, x *runtime.HostTensor, seed, d uint64) (graph.Weights, *runtime.HostTensor) {
+	pw := perturbedWeights{Weights: w, order: graphOrder(g), seed: seed, draw: d}
+	if d >= noiseDraws {
+		pw.fan = fanIn(g, w)
+	}
+	return pw, perturb(x, seed, d)
+}
