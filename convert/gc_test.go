@@ -3,15 +3,19 @@ package convert
 import (
 	"runtime"
 	"runtime/debug"
+	"runtime/metrics"
 	"testing"
 	"time"
 )
 
-// gcPercent reads the collector's setting without changing it.
+// gcPercent reads the collector's setting without changing it. Why not
+// debug.SetGCPercent(-1) and back: that read writes, and a deferral's
+// finalizer restoring the setting between the two calls was undone by the
+// second (CI saw GC percent stay -1 after a collection, 2026-12-04).
 func gcPercent() int {
-	p := debug.SetGCPercent(-1)
-	debug.SetGCPercent(p)
-	return p
+	s := []metrics.Sample{{Name: "/gc/gogc:percent"}}
+	metrics.Read(s)
+	return int(int64(s[0].Value.Uint64())) // -1 (off) is stored as its bits
 }
 
 // endsWithin polls until the deferral has ended (its finalizer runs on a
