@@ -105,13 +105,8 @@ func compareNetworks(t *testing.T, newB func(testing.TB) *Backend, x *runtime.Ho
 }
 
 // noiseFactor is how many times its float32 noise a gradient may differ
-// when compareNets measures noise (verify's --train-factor); maxDraws is
-// how many noise copies a failing gradient is judged against before it
-// fails (verify's maxNoiseDraws).
-const (
-	noiseFactor = 25
-	maxDraws    = 10
-)
+// when compareNets measures noise (verify's --train-factor).
+const noiseFactor = 25
 
 // compareNets is compareNetworks over the networks given, the CPU backend
 // with the threads given. With draws > 0 each gradient's limit is
@@ -119,8 +114,8 @@ const (
 // where that is above 5e-3: the largest difference among the CPU run and
 // draws CPU runs of verify's perturbed copies (input and weights moved by a
 // rounding, then convolution weights by sqrt(fan-in) roundings, as far as
-// another backend's sums move them), more copies (up to maxDraws) before a
-// gradient fails. On a full-size network a rounding can flip a ReLU mask or
+// another backend's sums move them), more copies (up to
+// verify.MaxNoiseDraws) before a gradient fails. On a full-size network a rounding can flip a ReLU mask or
 // a max-pool's choice, and that moves the gradients upstream by a few
 // percent (resnet50 at batch 8, 224x224: input-gradient noise 2e-2), so the
 // two backends' sums, taken in different orders, differ by that much too. A
@@ -192,7 +187,7 @@ func compareNets(t *testing.T, nets []fixtureNet, threads, draws int, newB func(
 					return 5e-3
 				}
 				tol := math.Max(5e-3, noiseFactor*noise(pick, floor))
-				for len(got) == len(pick(want)) && len(moved) < maxDraws {
+				for len(got) == len(pick(want)) && len(moved) < verify.MaxNoiseDraws {
 					if r, _ := relFloor(got, pick(want), floor); r <= tol {
 						break
 					}

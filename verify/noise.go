@@ -19,7 +19,7 @@ import (
 // copies count too: one draw can be lucky on a sum whose terms nearly
 // cancel (a BN bias gradient under a training-mode BN), two rarely both
 // are. A quantity over its limit is judged again against more copies
-// (maxNoiseDraws) before it fails. A quantity whose limit reaches 1, which
+// (MaxNoiseDraws) before it fails. A quantity whose limit reaches 1, which
 // a result of zero would pass, cannot tell a right result from a wrong one
 // and is skipped, as is one whose true value is zero.
 
@@ -72,18 +72,14 @@ type noise struct {
 // output gradient gy nil, eval only.
 func measureNoise(ref *sample, g *graph.Graph, w graph.Weights, x, gy *runtime.HostTensor,
 	seed uint64, mk func(*graph.Graph, graph.Weights, string) (*network, error)) (*noise, error) {
-	order, fan := graphOrder(g), fanIn(g, w)
 	nz := &noise{ref: ref, draw: func(d uint64) (*sample, error) {
-		pw := perturbedWeights{Weights: w, order: order, seed: seed, draw: d}
-		if d >= noiseDraws {
-			pw.fan = fan
-		}
+		pw, px := RoundingMoved(g, w, x, seed, d)
 		n, err := mk(g, pw, "reference")
 		if err != nil {
 			return nil, err
 		}
 		defer n.ex.Close()
-		s, err := runSample(n, perturb(x, seed, d), gy)
+		s, err := runSample(n, px, gy)
 		if err != nil {
 			return nil, fmt.Errorf("reference: %w", err)
 		}
@@ -99,7 +95,7 @@ func measureNoise(ref *sample, g *graph.Graph, w graph.Weights, x, gy *runtime.H
 	return nz, nil
 }
 
-// maxNoiseDraws bounds the copies run when checks fail on the first
+// MaxNoiseDraws bounds the copies run when checks fail on the first
 // noiseDraws. A float32 rounding can flip a ReLU mask or a max-pool's
 // argmax where a value sits within a rounding of the switch; the flip
 // moves every gradient upstream of it by a step that rounding's smooth
@@ -112,7 +108,7 @@ func measureNoise(ref *sample, g *graph.Graph, w graph.Weights, x, gy *runtime.H
 // and fails only if none of them moves that far. A real error (a wrong
 // gradient formula, a wrong running update) is systematic and fails
 // against every copy.
-const maxNoiseDraws = 10
+const MaxNoiseDraws = 10
 
 // quantity is one training-mode comparison: the converted network's
 // values, the reference's (pick on a run), the mapping between them, and
@@ -127,7 +123,7 @@ type quantity struct {
 }
 
 // judge checks each quantity against its noise, running more copies of
-// the reference (up to maxNoiseDraws) while any fails.
+// the reference (up to MaxNoiseDraws) while any fails.
 func (nz *noise) judge(opt Options, qs []quantity) ([]Check, error) {
 	checks := make([]Check, len(qs))
 	var failing []int
@@ -152,7 +148,7 @@ func (nz *noise) judge(opt Options, qs []quantity) ([]Check, error) {
 		}
 	}
 	runs := uint64(len(nz.draws))
-	for d := runs; d < maxNoiseDraws && len(failing) > 0; d++ {
+	for d := runs; d < MaxNoiseDraws && len(failing) > 0; d++ {
 		opt.progress("%d check(s) over their limits (first: %s): one more copy of the reference, to see whether its own rounding moves them that far", len(failing), qs[failing[0]].name)
 		s, err := nz.draw(d)
 		if err != nil {
@@ -420,9 +416,10 @@ func perturb(x *runtime.HostTensor, seed, d uint64) *runtime.HostTensor {
 // RoundingMoved returns the d-th of verify's perturbed copies of a
 // network's weights w (graph g) and input x: every value moved by one
 // rounding, and from the noiseDraws-th copy on a convolution's or linear
-// layer's weights by up to sqrt(fan-in) roundings (perturbedWeights). It
-// lets another comparison, the CUDA backend's results against the CPU
-// backend's, be judged against the same float32 noise verify uses.
+// layer's weights by up to sqrt(fan-in) roundings (perturbedWeights).
+// measureNoise runs these; exported so that another comparison, the CUDA
+// backend's results against the CPU backend's, is judged against the same
+// float32 noise.
 func RoundingMoved(g *graph.Graph, w graph.Weights, x *runtime.HostTensor, seed, d uint64) (graph.Weights, *runtime.HostTensor) {
 	pw := perturbedWeights{Weights: w, order: graphOrder(g), seed: seed, draw: d}
 	if d >= noiseDraws {
