@@ -54,7 +54,7 @@ func upTo(t *testing.T, b *net, opt Options, last string) *State {
 		t.Fatal(err)
 	}
 	for _, p := range Pipeline {
-		if err := st.runPass(p); err != nil {
+		if err := st.runPass(p, nil); err != nil {
 			t.Fatal(err)
 		}
 		if p.Name == last {

@@ -60,11 +60,14 @@ type Options struct {
 	DumpAfter string
 	Dump      io.Writer
 	// SignsSettled, when set, is called once the store holds every
-	// channel negation the conversion makes (graph.ChannelNegater): after
-	// the last pass that makes any (signsSettledAfter), before the passes
-	// that follow it, which change values and the graph only. A writer
-	// that copies the producers' records can start then with their flips
-	// known (see pth.Prewrite).
+	// channel negation the conversion makes (graph.ChannelNegater): in
+	// the last pass that makes any (signsSettledAfter), as soon as its
+	// negations are stored and before the vectors it changed are written
+	// (tensors.flushThen), and before the passes that follow it, which
+	// change values and the graph only. A writer that copies the
+	// producers' records can start then with their flips known (see
+	// pth.Prewrite); the vectors' new values reach it later, as every
+	// value changed after it starts does.
 	SignsSettled func() error
 }
 
@@ -180,13 +183,12 @@ func run(g *graph.Graph, w graph.Weights, opt Options, after func(p Pass, st *St
 		return nil, err
 	}
 	for _, p := range Pipeline {
-		if err := st.runPass(p); err != nil {
-			return nil, err
+		var settled func() error
+		if p.Name == signsSettledAfter {
+			settled = opt.SignsSettled
 		}
-		if p.Name == signsSettledAfter && opt.SignsSettled != nil {
-			if err := opt.SignsSettled(); err != nil {
-				return nil, err
-			}
+		if err := st.runPass(p, settled); err != nil {
+			return nil, err
 		}
 		if after != nil {
 			if err := after(p, st); err != nil {
@@ -227,12 +229,13 @@ var checkEachPass = false
 
 // runPass runs one pass, writes what it changed to the store (the cache only
 // lives for one pass, so the store is consistent between passes), validates
-// the graph and dumps it if asked.
-func (st *State) runPass(p Pass) error {
+// the graph and dumps it if asked. settled, when not nil, is called once
+// the pass's channel negations are in the store (tensors.flushThen).
+func (st *State) runPass(p Pass, settled func() error) error {
 	if err := p.Run(st); err != nil {
 		return fmt.Errorf("rewrite: pass %s: %w", p.Name, err)
 	}
-	if err := st.t.flush(); err != nil {
+	if err := st.t.flushThen(settled); err != nil {
 		return fmt.Errorf("rewrite: pass %s: %w", p.Name, err)
 	}
 	if checkEachPass || st.opt.DumpAfter == p.Name || p.Name == Pipeline[len(Pipeline)-1].Name {

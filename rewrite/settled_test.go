@@ -12,6 +12,16 @@ import (
 type negationRecorder struct {
 	*graph.MemWeights
 	settled, late, calls int
+	// setsAfter counts the values written after SignsSettled: the
+	// vectors fold-signs changed are written after it, not waited for.
+	setsAfter int
+}
+
+func (w *negationRecorder) SetValues(key string, v []float64) error {
+	if w.settled > 0 {
+		w.setsAfter++
+	}
+	return w.MemWeights.SetValues(key, v)
 }
 
 func (w *negationRecorder) NegateChannels(key string, channels []int) (bool, error) {
@@ -35,8 +45,8 @@ func (w *negationRecorder) NegateChannels(key string, channels []int) (bool, err
 	return changed, w.SetValues(key, v)
 }
 
-// TestSignsSettled: SignsSettled is called once, and no stored channel is
-// negated after it, on networks whose negative gammas are folded into
+// TestSignsSettled: SignsSettled is called once, no stored channel is
+// negated after it, the vectors fold-signs changed are written after it, on networks whose negative gammas are folded into
 // plain producers, into a DenseNet's concatenations and flipped on
 // private inputs; and the conversion is the one made without the hook.
 func TestSignsSettled(t *testing.T) {
@@ -51,12 +61,21 @@ func TestSignsSettled(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			b := tc.build()
 			w := &negationRecorder{MemWeights: b.w}
-			_, err := Run(b.g, w, Options{SignsSettled: func() error { w.settled++; return nil }})
+			foldSets := 0 // the values fold-signs wrote after the hook
+			_, err := run(b.g, w, Options{SignsSettled: func() error { w.settled++; return nil }}, func(p Pass, _ *State) error {
+				if p.Name == signsSettledAfter {
+					foldSets = w.setsAfter
+				}
+				return nil
+			})
 			if err != nil {
 				t.Fatal(err)
 			}
 			if w.settled != 1 || w.late != 0 || w.calls == 0 {
 				t.Fatalf("SignsSettled called %d times; %d of %d negations after it (want 1, 0 of some)", w.settled, w.late, w.calls)
+			}
+			if foldSets == 0 {
+				t.Fatalf("fold-signs wrote no vector after SignsSettled: the hook waited for them")
 			}
 			ref := tc.build()
 			if _, err := Run(ref.g, &negationRecorder{MemWeights: ref.w}, Options{}); err != nil {

@@ -223,23 +223,24 @@ func (r *reaches) walk(v *graph.Value) *reach {
 // returned as a function that says it: the report keeps only the first
 // reason per site, and a DenseNet's thousands of negative channels are
 // mostly blocked, so formatting each was a large part of the pass.
-func foldBlocker(st *State, r *reaches, p *graph.Node, pc int, keys *foldKeys) ([]hit, func() string) {
-	wkey := p.Params[graph.RoleWeight]
-	if wkey == "" {
+func foldBlocker(st *State, r *reaches, p *graph.Node, pc int, f *folder) ([]hit, func() string) {
+	pk := f.producer(st, p)
+	if pk.keys[0] == "" {
 		return nil, func() string { return fmt.Sprintf("%s %s has no weight parameter", p.Op, p.Name) }
 	}
-	for _, role := range []string{graph.RoleWeight, graph.RoleBias} {
-		key := p.Params[role]
+	// The reasons are made by functions of their own, so that the
+	// closures capture these functions' parameters, allocated when a
+	// reason is made, and not the loops' variables, which a closure
+	// capturing them would allocate at every turn.
+	for i, key := range pk.keys {
 		if key == "" {
 			continue
 		}
-		if pc >= keys.outChannels(st.w, key) {
-			return nil, func() string {
-				return fmt.Sprintf("%s %s: parameter %q has no output channel %d", p.Op, p.Name, key, pc)
-			}
+		if pc >= pk.dims[i] {
+			return nil, noChannel(p, key, pc)
 		}
-		if keys.users[key] > 1 {
-			return nil, func() string { return fmt.Sprintf("%s %s shares parameter %q with another node", p.Op, p.Name, key) }
+		if pk.users[i] > 1 {
+			return nil, shared(p, key)
 		}
 	}
 	hits, why := foldReach(st, r, p, pc)
@@ -247,43 +248,144 @@ func foldBlocker(st *State, r *reaches, p *graph.Node, pc int, keys *foldKeys) (
 		return nil, why
 	}
 	for _, h := range hits {
-		gamma, err := st.t.vec(h.s.key(graph.RoleWeight))
+		gamma, err := f.site(st, h.s).gammaOf(st)
 		if err != nil || h.c >= len(gamma) {
 			// The graph's channel counts disagree with the parameters:
 			// leave the channel alone rather than negate the wrong one.
-			return nil, func() string {
-				return fmt.Sprintf("channel %d of %s maps to channel %d of %s, which it does not have", pc, p.Name, h.c, h.s.bn.Name)
-			}
+			return nil, mapsOutside(p, pc, h)
 		}
 		if g := gamma[h.c]; h.s.inPlace() && g > 0 {
-			return nil, func() string {
-				return fmt.Sprintf("channel %d of %s also feeds channel %d of %s, whose gamma %.4g is positive", pc, p.Name, h.c, h.s.bn.Name, g)
-			}
+			return nil, positiveGamma(p, pc, h, g)
 		}
 	}
 	return hits, nil
 }
 
-// foldKeys is what foldBlocker asks of a producer's parameters, per key:
-// how many nodes use it, and its output channels (dim 0), looked up once
-// rather than once per negative channel (a Shape call copies the shape).
-type foldKeys struct {
-	users map[string]int
-	dim0  map[string]int
+func noChannel(p *graph.Node, key string, pc int) func() string {
+	return func() string {
+		return fmt.Sprintf("%s %s: parameter %q has no output channel %d", p.Op, p.Name, key, pc)
+	}
 }
 
-// outChannels is key's dim 0, 0 for a missing or scalar tensor (no
-// channel is below it).
-func (k *foldKeys) outChannels(w graph.Weights, key string) int {
-	if n, ok := k.dim0[key]; ok {
-		return n
+func shared(p *graph.Node, key string) func() string {
+	return func() string { return fmt.Sprintf("%s %s shares parameter %q with another node", p.Op, p.Name, key) }
+}
+
+func mapsOutside(p *graph.Node, pc int, h hit) func() string {
+	return func() string {
+		return fmt.Sprintf("channel %d of %s maps to channel %d of %s, which it does not have", pc, p.Name, h.c, h.s.bn.Name)
 	}
-	n := 0
-	if shape, ok := w.Shape(key); ok && len(shape) > 0 {
-		n = shape[0]
+}
+
+func positiveGamma(p *graph.Node, pc int, h hit, g float64) func() string {
+	return func() string {
+		return fmt.Sprintf("channel %d of %s also feeds channel %d of %s, whose gamma %.4g is positive", pc, p.Name, h.c, h.s.bn.Name, g)
 	}
-	k.dim0[key] = n
-	return n
+}
+
+// folder is what fold-signs looks up once per producer and per site
+// rather than once per negative channel: a trained network has thousands
+// of them (resnext101_32x8d about 16,000), each of which cost a dozen
+// lookups by parameter name (the hash of a long key each), 10 of the
+// pass's 11 ms, on the path before a trained checkpoint's copy starts.
+// What it holds stays valid for the pass: the vectors it hands out are
+// the cache's, which only flush drops.
+type folder struct {
+	users  map[string]int // how many nodes use each parameter
+	dim0   map[string]int
+	prods  map[*graph.Node]*producerKeys
+	sites  map[*site]*siteVecs
+	lastP  *graph.Node // the previous lookup, most often asked again
+	lastPK *producerKeys
+	lastS  *site
+	lastSV *siteVecs
+}
+
+// foldRoles are the producer parameters a fold negates, in its order.
+var foldRoles = [2]string{graph.RoleWeight, graph.RoleBias}
+
+// siteRoles are the site vectors a fold negates, in its order.
+var siteRoles = [2]string{graph.RoleWeight, graph.RoleRunningMean}
+
+// producerKeys is a producer's parameters (foldRoles; "" where it has
+// none), each one's dim 0 (0 for a missing or scalar tensor: no channel is
+// below it) and users, and its queued negations, made on first need.
+type producerKeys struct {
+	keys  [2]string
+	dims  [2]int
+	users [2]int
+	neg   [2]*sliceNegation
+}
+
+// siteVecs is a site's gamma (with the error reading it) and the
+// negations of its siteRoles vectors, made on first need.
+type siteVecs struct {
+	s        *site
+	read     bool
+	gamma    []float64
+	gammaErr error
+	neg      [2]*vecNegation
+}
+
+func newFolder(st *State) *folder {
+	f := &folder{users: map[string]int{}, dim0: map[string]int{}, prods: map[*graph.Node]*producerKeys{}, sites: map[*site]*siteVecs{}}
+	for _, n := range st.g.Nodes {
+		for _, k := range n.Params {
+			f.users[k]++
+		}
+	}
+	return f
+}
+
+func (f *folder) producer(st *State, p *graph.Node) *producerKeys {
+	if p == f.lastP {
+		return f.lastPK
+	}
+	pk := f.prods[p]
+	if pk == nil {
+		pk = &producerKeys{}
+		for i, role := range foldRoles {
+			key := p.Params[role]
+			pk.keys[i] = key
+			if key == "" {
+				continue
+			}
+			n, ok := f.dim0[key]
+			if !ok {
+				if shape, ok := st.w.Shape(key); ok && len(shape) > 0 {
+					n = shape[0]
+				}
+				f.dim0[key] = n
+			}
+			pk.dims[i], pk.users[i] = n, f.users[key]
+		}
+		f.prods[p] = pk
+	}
+	f.lastP, f.lastPK = p, pk
+	return pk
+}
+
+func (f *folder) site(st *State, s *site) *siteVecs {
+	if s == f.lastS {
+		return f.lastSV
+	}
+	sv := f.sites[s]
+	if sv == nil {
+		sv = &siteVecs{s: s}
+		f.sites[s] = sv
+	}
+	f.lastS, f.lastSV = s, sv
+	return sv
+}
+
+// gammaOf is the site's cached gamma, read once (a failed read is tried
+// no more: the cache keeps no failure, and reading again fails again).
+func (sv *siteVecs) gammaOf(st *State) ([]float64, error) {
+	if !sv.read {
+		sv.gamma, sv.gammaErr = st.t.vec(sv.s.key(graph.RoleWeight))
+		sv.read = true
+	}
+	return sv.gamma, sv.gammaErr
 }
 
 // foldSigns makes negative gammas of in-place sites positive by negating the
@@ -291,12 +393,7 @@ func (k *foldKeys) outChannels(w graph.Weights, key string) int {
 // gamma and running_mean at every site that reads the channel, so that
 // (-x - (-mu)) / sigma * (-gamma) + beta is what the BN computed before.
 func foldSigns(st *State) error {
-	keys := &foldKeys{users: map[string]int{}, dim0: map[string]int{}}
-	for _, n := range st.g.Nodes {
-		for _, k := range n.Params {
-			keys.users[k]++
-		}
-	}
+	f := newFolder(st)
 	type src struct {
 		p  *graph.Node
 		pc int
@@ -307,7 +404,7 @@ func foldSigns(st *State) error {
 		if !s.inPlace() {
 			continue
 		}
-		gamma, err := st.t.vec(s.key(graph.RoleWeight))
+		gamma, err := f.site(st, s).gammaOf(st)
 		if err != nil {
 			return fmt.Errorf("node %s: %w", s.bn.Name, err)
 		}
@@ -325,13 +422,13 @@ func foldSigns(st *State) error {
 				s.block(c, why)
 				continue
 			}
-			hits, blocker := foldBlocker(st, reach, p, pc, keys)
+			hits, blocker := foldBlocker(st, reach, p, pc, f)
 			if blocker != nil {
 				blocked[src{p, pc}] = blocker
 				s.block(c, blocker)
 				continue
 			}
-			if err := fold(st, p, pc, hits); err != nil {
+			if err := fold(st, p, pc, hits, f); err != nil {
 				return err
 			}
 		}
@@ -340,17 +437,30 @@ func foldSigns(st *State) error {
 }
 
 // fold is fold-signs' action.
-func fold(st *State, p *graph.Node, pc int, hits []hit) error {
-	for _, role := range []string{graph.RoleWeight, graph.RoleBias} {
-		if key := p.Params[role]; key != "" {
-			if err := st.t.negateSlice(key, pc); err != nil {
-				return fmt.Errorf("node %s: %w", p.Name, err)
-			}
+func fold(st *State, p *graph.Node, pc int, hits []hit, f *folder) error {
+	pk := f.producer(st, p)
+	for i, key := range pk.keys {
+		if key == "" {
+			continue
+		}
+		if pk.neg[i] == nil {
+			pk.neg[i] = st.t.sliceNegation(key)
+		}
+		if err := pk.neg[i].toggle(pc); err != nil {
+			return fmt.Errorf("node %s: %w", p.Name, err)
 		}
 	}
 	for _, h := range hits {
-		for _, role := range []string{graph.RoleWeight, graph.RoleRunningMean} {
-			if err := st.t.negateVec(h.s.key(role), h.c); err != nil {
+		sv := f.site(st, h.s)
+		for i, role := range siteRoles {
+			if sv.neg[i] == nil {
+				n, err := st.t.vecNegation(h.s.key(role))
+				if err != nil {
+					return fmt.Errorf("node %s: %w", h.s.bn.Name, err)
+				}
+				sv.neg[i] = n
+			}
+			if err := sv.neg[i].negate(h.c); err != nil {
 				return fmt.Errorf("node %s: %w", h.s.bn.Name, err)
 			}
 		}
