@@ -214,7 +214,7 @@ func newState(g *graph.Graph, w graph.Weights, opt Options) (*State, error) {
 }
 
 // signsSettledAfter is the last pass that negates channels of stored
-// tensors (fold-signs, through tensors.negateSlice); flip-signs and the
+// tensors (fold-signs, through tensors.sliceNegation); flip-signs and the
 // passes after it change only per-channel vectors, which are rewritten
 // whole, and the graph. TestSignsSettled holds the pipeline to it.
 const signsSettledAfter = "fold-signs"

@@ -46,9 +46,10 @@ func (w *negationRecorder) NegateChannels(key string, channels []int) (bool, err
 }
 
 // TestSignsSettled: SignsSettled is called once, no stored channel is
-// negated after it, the vectors fold-signs changed are written after it, on networks whose negative gammas are folded into
-// plain producers, into a DenseNet's concatenations and flipped on
-// private inputs; and the conversion is the one made without the hook.
+// negated after it and the vectors fold-signs changed are written after
+// it, on networks whose negative gammas are folded into plain producers,
+// into a DenseNet's concatenations and flipped on private inputs; and the
+// conversion is the one made without the hook.
 func TestSignsSettled(t *testing.T) {
 	for _, tc := range []struct {
 		name  string

@@ -286,8 +286,9 @@ func positiveGamma(p *graph.Node, pc int, h hit, g float64) func() string {
 // folder is what fold-signs looks up once per producer and per site
 // rather than once per negative channel: a trained network has thousands
 // of them (resnext101_32x8d about 16,000), each of which cost a dozen
-// lookups by parameter name (the hash of a long key each), 10 of the
-// pass's 11 ms, on the path before a trained checkpoint's copy starts.
+// lookups by parameter name (the hash of a long key each), most of the
+// pass's 11 ms, on the path before a trained checkpoint's copy starts
+// (the rewrite as a whole went from 22.8 ms to 14.7).
 // What it holds stays valid for the pass: the vectors it hands out are
 // the cache's, which only flush drops.
 type folder struct {

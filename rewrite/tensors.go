@@ -123,17 +123,11 @@ func (t *tensors) cachedFlips(key string, c *cached) *[]bool {
 
 // negateVec flips the sign of v[i] for the vector at key now.
 func (t *tensors) negateVec(key string, i int) error {
-	c, err := t.entry(key)
+	n, err := t.vecNegation(key)
 	if err != nil {
 		return err
 	}
-	v := c.cur
-	if i < 0 || i >= len(v) {
-		return fmt.Errorf("%q has %d entries, no index %d", key, len(v), i)
-	}
-	v[i] = -v[i]
-	toggleAt(t.cachedFlips(key, c), i)
-	return nil
+	return n.negate(i)
 }
 
 // negateVecAt is negateVec for each index of idx, with one lookup of the
@@ -158,22 +152,14 @@ func (t *tensors) negateVecAt(key string, idx []int) error {
 	return nil
 }
 
-// negateSlice queues the negation of slice i along dim 0 of key.
-func (t *tensors) negateSlice(key string, i int) error {
-	if i < 0 {
-		return fmt.Errorf("%q has no slice %d", key, i)
-	}
-	return t.sliceNegation(key).toggle(i)
-}
-
-// sliceNegation is negateSlice for one key, looked up once: fold-signs
-// negates thousands of channels of the same producers.
+// sliceNegation queues negations of slices along dim 0 of one key, looked
+// up once: fold-signs negates thousands of channels of the same producers.
 type sliceNegation struct {
 	key           string
 	queued, flips *[]bool
 }
 
-// sliceNegation is key's queue of slice negations.
+// sliceNegation is key's queue of slice negations, applied at flush.
 func (t *tensors) sliceNegation(key string) *sliceNegation {
 	q := t.negate[key]
 	if q == nil {
@@ -194,7 +180,7 @@ func (n *sliceNegation) toggle(i int) error {
 	return nil
 }
 
-// vecNegation is negateVec for one vector, looked up once.
+// vecNegation negates entries of one cached vector, looked up once.
 type vecNegation struct {
 	t   *tensors
 	key string
@@ -210,7 +196,7 @@ func (t *tensors) vecNegation(key string) (*vecNegation, error) {
 	return &vecNegation{t: t, key: key, c: c}, nil
 }
 
-// negate flips the sign of entry i now, as negateVec does.
+// negate flips the sign of entry i now.
 func (n *vecNegation) negate(i int) error {
 	v := n.c.cur
 	if i < 0 || i >= len(v) {
@@ -231,7 +217,7 @@ func (t *tensors) flush() error {
 // negations are in the store and before the vectors are compared and
 // written: a writer waiting for the negations (Options.SignsSettled) then
 // starts without waiting for the comparison, which decodes every vector the
-// pass was handed again (3-10 ms of a trained resnext101_32x8d's 30 ms
+// pass was handed again (3-14 ms of a trained resnext101_32x8d's 30-40 ms
 // before its copy starts). The order changes nothing stored: a negated
 // producer's parameters are not BN vectors (fold-signs refuses parameters
 // that two nodes share), and where a key is both, the vectors go first as
