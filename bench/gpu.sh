@@ -91,9 +91,9 @@ if [ $EMU = 1 ]; then
 	PYTHON=${PYTHON:-/usr/bin/python3}
 	# Step 5 on densenet121 alone (EMU_MODELS): one emulated training step of
 	# resnet50 and densenet121 took 11 of the rehearsal's 13 minutes on a
-	# 2-core VM (2026-12-04), and
-	# densenet121 has the most of the path (concatenation, recomputation,
-	# shared buffers); resnet50's ops run in steps 2 and 3.
+	# 2-core VM (2026-12-04), and densenet121 has the most of the path
+	# (concatenation, recomputation, shared buffers); resnet50's ops run in
+	# steps 2 and 3.
 	BATCH=${EMU_BATCH:-2} SIZE=${EMU_SIZE:-64} VBATCH=2 SHAPES=${EMU_SHAPES:-2x16x16x16,2x8x7x7} DEVICE=cpu STEPS=1
 	MODELS=${EMU_MODELS:-densenet121}
 fi

@@ -115,12 +115,13 @@ const noiseFactor = 25
 // draws CPU runs of verify's perturbed copies (input and weights moved by a
 // rounding, then convolution weights by sqrt(fan-in) roundings, as far as
 // another backend's sums move them), more copies (up to
-// verify.MaxNoiseDraws) before a gradient fails. On a full-size network a rounding can flip a ReLU mask or
-// a max-pool's choice, and that moves the gradients upstream by a few
-// percent (resnet50 at batch 8, 224x224: input-gradient noise 2e-2), so the
-// two backends' sums, taken in different orders, differ by that much too. A
-// gradient whose limit reaches 1 cannot tell a right result from a wrong
-// one and is counted as skipped. Outputs and running statistics keep their
+// verify.MaxNoiseDraws) before a gradient fails. On a full-size network a
+// rounding can flip a ReLU mask or a max-pool's choice, and that moves the
+// gradients upstream by a few percent (resnet50 at batch 8, 224x224:
+// input-gradient noise 2e-2), so the two backends' sums, taken in
+// different orders, differ by that much too. A gradient whose limit
+// reaches 1 cannot tell a right result from a wrong one and is counted as
+// skipped. Outputs and running statistics keep their
 // fixed limits. The worst difference over its limit is recorded per group
 // as group+"_of_limit".
 func compareNets(t *testing.T, nets []fixtureNet, threads, draws int, newB func(testing.TB) *Backend, x *runtime.HostTensor) map[string]map[string]float64 {

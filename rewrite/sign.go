@@ -293,7 +293,6 @@ func positiveGamma(p *graph.Node, pc int, h hit, g float64) func() string {
 // the cache's, which only flush drops.
 type folder struct {
 	users  map[string]int // how many nodes use each parameter
-	dim0   map[string]int
 	prods  map[*graph.Node]*producerKeys
 	sites  map[*site]*siteVecs
 	lastP  *graph.Node // the previous lookup, most often asked again
@@ -329,7 +328,7 @@ type siteVecs struct {
 }
 
 func newFolder(st *State) *folder {
-	f := &folder{users: map[string]int{}, dim0: map[string]int{}, prods: map[*graph.Node]*producerKeys{}, sites: map[*site]*siteVecs{}}
+	f := &folder{users: map[string]int{}, prods: map[*graph.Node]*producerKeys{}, sites: map[*site]*siteVecs{}}
 	for _, n := range st.g.Nodes {
 		for _, k := range n.Params {
 			f.users[k]++
@@ -351,14 +350,10 @@ func (f *folder) producer(st *State, p *graph.Node) *producerKeys {
 			if key == "" {
 				continue
 			}
-			n, ok := f.dim0[key]
-			if !ok {
-				if shape, ok := st.w.Shape(key); ok && len(shape) > 0 {
-					n = shape[0]
-				}
-				f.dim0[key] = n
+			if shape, ok := st.w.Shape(key); ok && len(shape) > 0 {
+				pk.dims[i] = shape[0]
 			}
-			pk.dims[i], pk.users[i] = n, f.users[key]
+			pk.users[i] = f.users[key]
 		}
 		f.prods[p] = pk
 	}

@@ -131,23 +131,20 @@ func (t *tensors) negateVec(key string, i int) error {
 }
 
 // negateVecAt is negateVec for each index of idx, with one lookup of the
-// vector and one of its flips: flip-signs negates thousands of channels of
-// a DenseNet, each a handful of map lookups otherwise.
+// vector: flip-signs negates thousands of channels of a DenseNet, each a
+// handful of map lookups otherwise.
 func (t *tensors) negateVecAt(key string, idx []int) error {
 	if len(idx) == 0 {
 		return nil
 	}
-	c, err := t.entry(key)
+	n, err := t.vecNegation(key)
 	if err != nil {
 		return err
 	}
-	v, b := c.cur, t.cachedFlips(key, c)
 	for _, i := range idx {
-		if i < 0 || i >= len(v) {
-			return fmt.Errorf("%q has %d entries, no index %d", key, len(v), i)
+		if err := n.negate(i); err != nil {
+			return err
 		}
-		v[i] = -v[i]
-		toggleAt(b, i)
 	}
 	return nil
 }
