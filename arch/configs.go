@@ -369,12 +369,49 @@ func sameShape(a, b []int) bool {
 // match exactly (num_classes aside, which is a constructor argument), or "".
 func exactName(w graph.Weights, keys []string, prefix, family string) string {
 	v := newView(w, keys, prefix)
+	cls := v.shapes[classifierKey(family)]
 	for _, c := range configs {
-		if c.family == family && len(diffView(v, keys, prefix, c, true)) == 0 {
+		if c.family != family {
+			continue
+		}
+		// The classifier's input width first: a configuration whose
+		// classifier the state dict's does not fit differs from it, and
+		// listing its tensors (diffView) is most of the cost (on
+		// densenet201 three other DenseNets were listed in full).
+		if len(cls) != 2 || cls[1] != c.inFeatures() {
+			continue
+		}
+		if len(diffView(v, keys, prefix, c, true)) == 0 {
 			return c.name
 		}
 	}
 	return ""
+}
+
+// inFeatures is the input width of c's classifier (the second dimension
+// of its classifierKey tensor in tensors), worked out without listing the
+// tensors.
+func (c config) inFeatures() int {
+	switch c.family {
+	case FamilyResNet:
+		r := c.resnet
+		if r.Bottleneck {
+			return r.Width << 3 * 4 // layer4's planes times expansion 4
+		}
+		return r.Width << 3
+	case FamilyDenseNet:
+		d := c.densenet
+		n := d.Init
+		for b, layers := range d.Blocks {
+			n += layers * d.Growth
+			if b != len(d.Blocks)-1 {
+				n /= 2 // a transition halves the channels
+			}
+		}
+		return n
+	default:
+		return c.vgg.Hidden[1]
+	}
 }
 
 // firstFew joins at most n items, saying how many were left out.
