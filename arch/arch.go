@@ -169,6 +169,8 @@ type candidate struct {
 // families' keys (ResNet's "conv1.weight" ends each of densenet201's 98
 // "denselayerN.conv1.weight"), and scoring each such prefix against every
 // key was a third of recognising a DenseNet.
+//
+// The best's score may be a lower bound (see below): enough to rank it.
 func bestCandidate(keys []string, family string) (best candidate, ok bool) {
 	seen := map[candidate]bool{}
 	type pending struct {
@@ -209,9 +211,23 @@ func bestCandidate(keys []string, family string) (best candidate, ok bool) {
 	// scoring stops at the first bound below the best score found.
 	slices.SortStableFunc(todo, func(a, b pending) int { return b.bound - a.bound })
 	bestOrder := 0
-	for _, t := range todo {
+	for i, t := range todo {
 		if ok && t.bound < best.score {
 			break
+		}
+		if i == 0 {
+			// The widest prefix (a whole state dict's "") is most of the
+			// cost: once it has matched one key more than any other pair
+			// could, it wins, and it is counted no further (score is then
+			// a lower bound; detect counts in full for its message).
+			rest := 0
+			if len(todo) > 1 {
+				rest = todo[1].bound
+			}
+			if n := scoreUpTo(keys, t.c.family, t.c.prefix, rest+1); n > rest {
+				t.c.score = n
+				return t.c, true
+			}
 		}
 		t.c.score = score(keys, t.c.family, t.c.prefix)
 		if !ok || better(t.c, best) || (!better(best, t.c) && t.order < bestOrder) {
@@ -238,11 +254,18 @@ func better(a, b candidate) bool {
 }
 
 func score(keys []string, family, prefix string) int {
+	return scoreUpTo(keys, family, prefix, len(keys)+1)
+}
+
+// scoreUpTo is score, counted no further than limit.
+func scoreUpTo(keys []string, family, prefix string, limit int) int {
 	n := 0
 	re := familyKeys()[family]
 	for _, k := range keys {
 		if rest, ok := strings.CutPrefix(k, prefix); ok && re.MatchString(rest) {
-			n++
+			if n++; n >= limit {
+				break
+			}
 		}
 	}
 	return n
@@ -256,7 +279,7 @@ func detect(w graph.Weights, keys []string) (*graph.Graph, *Match, error) {
 	}
 	g, m, err := build(w, keys, best.family, best.prefix)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%w: closest family %s (matched %d of %d keys); %w", ErrUnrecognised, best.family, best.score, len(keys), err)
+		return nil, nil, fmt.Errorf("%w: closest family %s (matched %d of %d keys); %w", ErrUnrecognised, best.family, score(keys, best.family, best.prefix), len(keys), err)
 	}
 	if name := exactName(w, keys, best.prefix, best.family); name != "" {
 		m.Arch, m.Exact = name, true
