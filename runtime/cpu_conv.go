@@ -179,6 +179,37 @@ func validRange(out, in, stride, off int) (lo, hi int) {
 	return lo, hi
 }
 
+// packGroups packs op(A) of every group's weights (m×k, row stride lda in
+// w, transposed when ta) for the products of a convolution, its blocks
+// spread over the backend's threads, into one pooled buffer that release
+// gives back. On small feature maps (late stages, small test inputs) the
+// packing costs as much as the products, and was done on one thread into a
+// fresh allocation on every call.
+func (c *cpu) packGroups(ta bool, wd []float32, g *convGeom, lda, m, k int) (packs []*packedA, release func()) {
+	packs = make([]*packedA, g.g)
+	total := 0
+	for grp := range packs {
+		packs[grp] = newPackedA(m, k)
+		total += packs[grp].size()
+	}
+	buf := getBuf(total)
+	at := 0
+	for _, p := range packs {
+		p.data = (*buf)[at : at+p.size()]
+		at += p.size()
+	}
+	per := packs[0].blocks()
+	c.parallel(g.g*per, g.g*m*k, func(lo, hi int) {
+		for u := lo; u < hi; {
+			grp, b := u/per, u%per
+			end := min(hi-grp*per, per)
+			packs[grp].pack(ta, wd[grp*g.wgsz:], lda, b, end)
+			u = grp*per + end
+		}
+	})
+	return packs, func() { packPool.Put(buf) }
+}
+
 // tasks runs fn for each (image, group) pair, over the backend's threads
 // when there are enough pairs; otherwise serially, and fn should then use
 // the threads inside (its par argument).
@@ -223,10 +254,8 @@ func (c *cpu) Conv2d(y, x, w, b Tensor, p ConvParams) error {
 		return nil
 	}
 	// The weights are packed once and shared by every image.
-	packs := make([]*packedA, g.g)
-	for grp := range packs {
-		packs[grp] = packAll(false, wd[grp*g.wgsz:], g.k, g.og, g.k)
-	}
+	packs, release := c.packGroups(false, wd, &g, g.k, g.og, g.k)
+	defer release()
 	cols := make([]*[]float32, c.threads)
 	c.tasks(&g, func(wk, n, grp, par int) {
 		src := xd[n*g.xsz+grp*g.cg*g.h*g.w:]
@@ -301,10 +330,9 @@ func (c *cpu) Conv2dBackward(dx, dw, db, dy, x, w Tensor, p ConvParams) error {
 	var packs []*packedA
 	if dxd != nil {
 		// op(A) = W_gᵀ, packed once for every image.
-		packs = make([]*packedA, g.g)
-		for grp := range packs {
-			packs[grp] = packAll(true, wd[grp*g.wgsz:], g.k, g.k, g.og)
-		}
+		var release func()
+		packs, release = c.packGroups(true, wd, &g, g.k, g.k, g.og)
+		defer release()
 	}
 	c.tasks(&g, func(wk, n, grp, par int) {
 		src := xd[n*g.xsz+grp*g.cg*g.h*g.w:]

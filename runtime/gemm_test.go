@@ -1,6 +1,9 @@
 package runtime
 
-import "testing"
+import (
+	"math"
+	"testing"
+)
 
 // TestGEMM checks sgemm against the definition on integer-valued matrices
 // (exact in float32), for every transpose, sizes that leave partial
@@ -81,4 +84,45 @@ func testGEMM(t *testing.T) {
 		}
 	}
 	t.Logf("micro-kernel: %s", KernelName())
+}
+
+// TestPackedABlocks checks that packing a packedA block by block, in any
+// order, into a buffer holding garbage (a pooled one) gives packAll's data:
+// every value of every panel, padding included, is written (packGroups
+// relies on both), for both kernels' panel heights and both transposes.
+func TestPackedABlocks(t *testing.T) {
+	defer func(k microKernel) { gemmKernel = k }(gemmKernel)
+	for _, kern := range []microKernel{genericKernel, bestKernel()} {
+		gemmKernel = kern
+		for _, d := range [][2]int{{1, 1}, {6, 7}, {13, 300}, {97, 513}, {200, 40}, {0, 5}, {5, 0}} {
+			m, k := d[0], d[1]
+			for _, ta := range []bool{false, true} {
+				a := make([]float32, m*k)
+				for i := range a {
+					a[i] = float32(i%97) + 0.5
+				}
+				lda := k
+				if ta {
+					lda = m
+				}
+				want := packAll(ta, a, lda, m, k)
+				p := newPackedA(m, k)
+				p.data = make([]float32, p.size())
+				for i := range p.data {
+					p.data[i] = float32(math.NaN())
+				}
+				for b := p.blocks() - 1; b >= 0; b-- {
+					p.pack(ta, a, lda, b, b+1)
+				}
+				if len(p.data) != len(want.data) {
+					t.Fatalf("mr %d, %dx%d, ta %v: %d values, want %d", kern.mr, m, k, ta, len(p.data), len(want.data))
+				}
+				for i := range p.data {
+					if p.data[i] != want.data[i] {
+						t.Fatalf("mr %d, %dx%d, ta %v: value %d is %v, want %v", kern.mr, m, k, ta, i, p.data[i], want.data[i])
+					}
+				}
+			}
+		}
+	}
 }
