@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	goruntime "runtime"
 	"sort"
+	"sync"
 
 	"github.com/abnconvert/abnconvert/graph"
 	"github.com/abnconvert/abnconvert/runtime"
@@ -364,19 +366,77 @@ func (p perturbedWeights) Values(key string) ([]float64, error) {
 	if err != nil || !ok {
 		return v, err
 	}
-	r := rand.New(rand.NewPCG(p.seed, 0xf10a7<<40^p.draw<<32^pos))
 	spread := math.Sqrt(p.fan[key])
+	chunks := (len(v) + perturbChunk - 1) / perturbChunk
+	workers := min(goruntime.GOMAXPROCS(0), chunks)
+	if len(v) < 1<<16 {
+		workers = 1
+	}
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for c := w; c < chunks; c += workers {
+				lo := c * perturbChunk
+				p.moveChunk(v[lo:min(lo+perturbChunk, len(v))], pos, uint64(c), spread)
+			}
+		}()
+	}
+	wg.Wait()
+	return v, nil
+}
+
+// perturbChunk is how many elements share one random stream. A tensor's
+// chunks are moved in parallel (the noise copies' weights were moved on
+// one thread, an element at a time: a fifth of a resnet50 verify, a
+// quarter of vgg16_bn's), and the draws depend on the seed, the draw, the
+// tensor and the chunk only, not on how many threads move them.
+const perturbChunk = 1 << 14
+
+// moveChunk moves the elements of chunk c of tensor pos: by up to spread
+// roundings when spread > 1, else (or where that moved nothing) to a
+// neighbouring float32, up or down by one random bit each.
+func (p perturbedWeights) moveChunk(v []float64, pos, c uint64, spread float64) {
+	r := rand.New(rand.NewPCG(p.seed^c*0x9e3779b97f4a7c15, 0xf10a7<<40^p.draw<<32^pos))
+	var bits uint64
+	left := 0
 	for i, x := range v {
 		y := float32(x)
 		if spread > 1 {
 			y = float32(x * (1 + (2*r.Float64()-1)*spread*roundoff))
 		}
 		if y == float32(x) {
-			y = neighbour(y, r)
+			if left == 0 {
+				bits, left = r.Uint64(), 64
+			}
+			y = nextFloat32(y, bits&1 == 0)
+			bits >>= 1
+			left--
 		}
 		v[i] = float64(y)
 	}
-	return v, nil
+}
+
+// nextFloat32 is math.Nextafter32(x, +Inf) when up, else toward -Inf,
+// without its float64 comparisons and Copysign.
+func nextFloat32(x float32, up bool) float32 {
+	b := math.Float32bits(x)
+	switch {
+	case x != x: // NaN
+		return x
+	case b&0x7fffffff == 0: // ±0
+		if up {
+			return math.Float32frombits(1)
+		}
+		return math.Float32frombits(0x80000001)
+	case b&0x7fffffff == 0x7f800000 && (x > 0) == up: // ±Inf away from zero
+		return x
+	case (x > 0) == up:
+		return math.Float32frombits(b + 1)
+	default:
+		return math.Float32frombits(b - 1)
+	}
 }
 
 // fanIn is the number of terms each output of a convolution or linear
