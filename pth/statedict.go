@@ -1,7 +1,9 @@
 package pth
 
 import (
+	"encoding/binary"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 
@@ -9,7 +11,10 @@ import (
 	"github.com/abnconvert/abnconvert/negate"
 )
 
-var _ graph.Weights = (*Checkpoint)(nil)
+var (
+	_ graph.Weights       = (*Checkpoint)(nil)
+	_ graph.Float32Valuer = (*Checkpoint)(nil)
+)
 
 // preferredState lists the keys under which training scripts commonly nest
 // the state dict, tried first at each level of the search.
@@ -220,6 +225,43 @@ func (c *Checkpoint) Values(key string) ([]float64, error) {
 		return nil, fmt.Errorf("%s: tensor %q: %w", c.Path, key, err)
 	}
 	return v, nil
+}
+
+// Float32Values is Values rounded to float32 (graph.Float32Valuer): a
+// contiguous float32 tensor read as it is stored, without the float64
+// copy; any other (another dtype, strided, negated, or set by SetValues)
+// through Values.
+func (c *Checkpoint) Float32Values(key string) ([]float32, error) {
+	t, ok := c.Tensor(key)
+	if !ok {
+		return nil, fmt.Errorf("%s: no tensor %q in the state dict", c.Path, key)
+	}
+	n := t.Numel()
+	if lo, hi := t.span(); t.pending != nil || t.negate != nil || t.DType() != Float32 || !t.Contiguous() || n > maxDecode || n == 0 || hi == lo {
+		v, err := c.Values(key)
+		if err != nil {
+			return nil, err
+		}
+		out := make([]float32, len(v))
+		for i, x := range v {
+			out[i] = float32(x)
+		}
+		return out, nil
+	}
+	lo, hi := t.span()
+	raw, err := c.readRange(t.Storage, int64(lo)*4, int64(hi-lo)*4)
+	if err != nil {
+		return nil, fmt.Errorf("%s: tensor %q: %w", c.Path, key, err)
+	}
+	if len(raw) < 4*n {
+		return nil, fmt.Errorf("%s: tensor %q: %d bytes for %d float32 values", c.Path, key, len(raw), n)
+	}
+	out := make([]float32, n)
+	le := binary.LittleEndian
+	for i := range out {
+		out[i] = math.Float32frombits(le.Uint32(raw[4*i:]))
+	}
+	return out, nil
 }
 
 // SetValues replaces a state-dict tensor's values; Write re-encodes them in

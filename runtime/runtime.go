@@ -288,15 +288,7 @@ func (e *Executor) load(i int, nd *graph.Node) error {
 			continue
 		}
 		t, err := e.upload(key, shape, func() ([]float32, error) {
-			v, err := e.w.Values(key)
-			if err != nil {
-				return nil, err
-			}
-			f := make([]float32, len(v))
-			for j, x := range v {
-				f[j] = float32(x)
-			}
-			return f, nil
+			return graph.Float32Values(e.w, key)
 		})
 		if err != nil {
 			return fmt.Errorf("runtime: node %s: %s: %w", nd.Name, key, err)
@@ -312,6 +304,20 @@ func (e *Executor) load(i int, nd *graph.Node) error {
 // upload allocates a parameter tensor and, when the backend executes, fills
 // it from values.
 func (e *Executor) upload(what string, shape []int, values func() ([]float32, error)) (Tensor, error) {
+	if a, ok := e.b.(adopter); ok && e.b.Executes() {
+		v, err := values()
+		if err == nil && len(v) != numel(shape) {
+			err = fmt.Errorf("%d values for shape %v", len(v), shape)
+		}
+		if err != nil {
+			return nil, err
+		}
+		t, err := a.adopt(shape, v)
+		if err == nil {
+			e.paramBytes += int64(numel(shape)) * 4
+		}
+		return t, err
+	}
 	t, err := e.b.Alloc(shape, Float32)
 	if err != nil {
 		return nil, err

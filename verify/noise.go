@@ -361,7 +361,21 @@ type perturbedWeights struct {
 }
 
 func (p perturbedWeights) Values(key string) ([]float64, error) {
-	v, err := p.Weights.Values(key)
+	v, err := p.Float32Values(key)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]float64, len(v))
+	for i, x := range v {
+		out[i] = float64(x)
+	}
+	return out, nil
+}
+
+// Float32Values is Values as float32 (graph.Float32Valuer): the runtime
+// loads the copies' parameters through it, without a float64 copy.
+func (p perturbedWeights) Float32Values(key string) ([]float32, error) {
+	v, err := graph.Float32Values(p.Weights, key)
 	pos, ok := p.order[key]
 	if err != nil || !ok {
 		return v, err
@@ -397,16 +411,16 @@ const perturbChunk = 1 << 14
 // moveChunk moves the elements of chunk c of tensor pos: by up to spread
 // roundings when spread > 1, else (or where that moved nothing) to a
 // neighbouring float32, up or down by one random bit each.
-func (p perturbedWeights) moveChunk(v []float64, pos, c uint64, spread float64) {
+func (p perturbedWeights) moveChunk(v []float32, pos, c uint64, spread float64) {
 	r := rand.New(rand.NewPCG(p.seed^c*0x9e3779b97f4a7c15, 0xf10a7<<40^p.draw<<32^pos))
 	var bits uint64
 	left := 0
 	for i, x := range v {
-		y := float32(x)
+		y := x
 		if spread > 1 {
-			y = float32(x * (1 + (2*r.Float64()-1)*spread*roundoff))
+			y = float32(float64(x) * (1 + (2*r.Float64()-1)*spread*roundoff))
 		}
-		if y == float32(x) {
+		if y == x {
 			if left == 0 {
 				bits, left = r.Uint64(), 64
 			}
@@ -414,7 +428,7 @@ func (p perturbedWeights) moveChunk(v []float64, pos, c uint64, spread float64) 
 			bits >>= 1
 			left--
 		}
-		v[i] = float64(y)
+		v[i] = y
 	}
 }
 

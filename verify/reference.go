@@ -43,6 +43,19 @@ func (o *overlay) Values(key string) ([]float64, error) {
 	return o.base.Values(key)
 }
 
+// Float32Values is Values rounded to float32, without a float64 copy of
+// the tensors the overlay does not own.
+func (o *overlay) Float32Values(key string) ([]float32, error) {
+	if v, ok := o.own[key]; ok {
+		out := make([]float32, len(v))
+		for i, x := range v {
+			out[i] = float32(x)
+		}
+		return out, nil
+	}
+	return graph.Float32Values(o.base, key)
+}
+
 // applyApproximations turns the original graph g (over w) into the
 // reference the converted network must equal exactly: every activation the
 // ReLU policy approximated becomes leaky_relu(slope), and every channel with
