@@ -23,7 +23,8 @@ type Weights interface {
 
 // Float32Valuer is implemented by a Weights that can give a tensor's
 // values as float32 without a float64 copy (a float32 tensor decoded
-// straight from its bytes). The values must be Values' rounded to float32.
+// straight from its bytes). The values must be Values' rounded to float32,
+// in a slice of the caller's own (the CPU backend keeps it as the tensor).
 // The runtime computes in float32: loading a network through Values
 // allocated, filled and converted a float64 copy of every parameter (822 MB
 // for vgg16_bn's first classifier weight), for each network verify builds.

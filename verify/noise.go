@@ -361,6 +361,11 @@ type perturbedWeights struct {
 }
 
 func (p perturbedWeights) Values(key string) ([]float64, error) {
+	if _, ok := p.order[key]; !ok {
+		// Not a parameter (a BatchNorm's num_batches_tracked): as it is,
+		// not rounded to float32.
+		return p.Weights.Values(key)
+	}
 	v, err := p.Float32Values(key)
 	if err != nil {
 		return nil, err

@@ -47,6 +47,7 @@ func TestPerturbedWeights(t *testing.T) {
 	}
 	w.Put("big", []int{len(big)}, big)
 	w.Put("small", []int{5}, []float64{0, -1, 2.5, 1e-30, -7})
+	w.Put("count", []int{1}, []float64{1<<24 + 1}) // not in order: a num_batches_tracked
 	order := map[string]uint64{"big": 0, "small": 1}
 	values := func(pw perturbedWeights, key string) []float64 {
 		t.Helper()
@@ -73,6 +74,9 @@ func TestPerturbedWeights(t *testing.T) {
 		if key == "big" && (up < len(got)*45/100 || up > len(got)*55/100) {
 			t.Errorf("%s: %d of %d moved up, want about half", key, up, len(got))
 		}
+	}
+	if c := values(pw, "count"); c[0] != 1<<24+1 {
+		t.Errorf("a key outside the graph's parameters: %v, want %v as it is", c[0], 1<<24+1)
 	}
 	first := values(pw, "big")
 	prev := goruntime.GOMAXPROCS(1)
