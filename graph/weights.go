@@ -42,11 +42,17 @@ func Float32Values(w Weights, key string) ([]float32, error) {
 	if err != nil {
 		return nil, err
 	}
+	return Round32(v), nil
+}
+
+// Round32 is v rounded to float32, in a new slice: a Float32Valuer's
+// answer for tensors it has no faster way to give.
+func Round32(v []float64) []float32 {
 	out := make([]float32, len(v))
 	for i, x := range v {
 		out[i] = float32(x)
 	}
-	return out, nil
+	return out
 }
 
 // ChannelNegater is implemented by a Weights that negates dim-0 slices of

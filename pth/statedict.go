@@ -237,18 +237,14 @@ func (c *Checkpoint) Float32Values(key string) ([]float32, error) {
 		return nil, fmt.Errorf("%s: no tensor %q in the state dict", c.Path, key)
 	}
 	n := t.Numel()
-	if lo, hi := t.span(); t.pending != nil || t.negate != nil || t.DType() != Float32 || !t.Contiguous() || n > maxDecode || n == 0 || hi == lo {
+	lo, hi := t.span()
+	if t.pending != nil || t.negate != nil || t.DType() != Float32 || !t.Contiguous() || n > maxDecode || n == 0 || hi == lo {
 		v, err := c.Values(key)
 		if err != nil {
 			return nil, err
 		}
-		out := make([]float32, len(v))
-		for i, x := range v {
-			out[i] = float32(x)
-		}
-		return out, nil
+		return graph.Round32(v), nil
 	}
-	lo, hi := t.span()
 	raw, err := c.readRange(t.Storage, int64(lo)*4, int64(hi-lo)*4)
 	if err != nil {
 		return nil, fmt.Errorf("%s: tensor %q: %w", c.Path, key, err)

@@ -47,11 +47,7 @@ func (o *overlay) Values(key string) ([]float64, error) {
 // the tensors the overlay does not own.
 func (o *overlay) Float32Values(key string) ([]float32, error) {
 	if v, ok := o.own[key]; ok {
-		out := make([]float32, len(v))
-		for i, x := range v {
-			out[i] = float32(x)
-		}
-		return out, nil
+		return graph.Round32(v), nil
 	}
 	return graph.Float32Values(o.base, key)
 }
