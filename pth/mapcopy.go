@@ -277,45 +277,88 @@ var mapProbe = true
 // with a paravirtualised MMU, where a page fault costs 11 µs), copying
 // wide_resnet101_2 from maps took 419 ms median and 660 ms CPU, through
 // buffers 195 ms and 271 ms (`cp`: 102 ms). Where page tables are cheap
-// the map wins by the copy it saves. So both are timed on the record
-// itself, 1 MiB each, best of three, and maps are kept only where they
-// take less than half the read's time: the probe maps alone, while the
-// copy unmaps with its other threads running, and on the VM above it
-// timed maps at 1.4-3.5 times the read where the whole copy took 2.1
-// times as long. The output is the same bytes either way. The read buffer
-// is the writer's first pipe buffer, which the reads then use.
+// the map wins by the copy it saves. So both are timed on a record
+// itself, a map window's bytes each (mapsFaster), best of three, and maps
+// are kept only where they take less than three quarters of the read's
+// time: the probe maps alone, while the copy unmaps with its other
+// threads running, and on the VM above it timed maps (1 MiB then) at
+// 1.4-3.5 times the read where the whole copy took 2.1 times as long.
+// The output is the same bytes either way. The read buffer is the
+// writer's first pipe buffer, which the reads then use.
 func (c *Checkpoint) chooseMaps(z *zipWriter, plan *writePlan) {
 	if !mapCopy || !mapProbe {
 		return
 	}
 	c.maps.once.Do(func() {
+		// The probe reads and maps its window three times each (2-3 ms
+		// on the VM of 2026-12-05), as much as maps save on 7 windows
+		// there: below mapProbeMin the large records are read. Probed:
+		// the first record a whole window long, else the longest.
+		var probe *Storage
+		var mappable int64
 		for _, s := range plan.storages {
-			if s.data == nil && s.stream == nil && s.src != nil && s.src.rec.zf == nil && s.src.rec.size >= max(mapMin, mapProbeSize) {
-				c.maps.reads = !c.mapsFaster(z, s.src)
-				return
+			if s.data == nil && s.stream == nil && s.src != nil && s.src.rec.zf == nil && s.src.rec.size >= max(mapMin, copyBufLen) {
+				mappable += s.src.rec.size
+				if probe == nil || probe.rec.size < min(s.src.rec.size, mapWindowSize) {
+					probe = s.src
+				}
 			}
+		}
+		switch {
+		case probe == nil:
+		case mappable < mapProbeMin:
+			c.maps.reads = true
+		default:
+			c.maps.reads = !c.mapsFaster(z, probe)
 		}
 	})
 }
 
-// mapProbeSize is how much of a record chooseMaps maps and reads.
-const mapProbeSize = copyBufLen
+// mapProbeMin is the least the large records of a checkpoint must hold
+// for chooseMaps to probe (16 windows): a DenseNet's few large records
+// (14 MB of densenet201's 81) are read.
+var mapProbeMin int64 = 64 << 20
 
-// mapsFaster times a map (populated, then unmapped) against a read of the
-// same mapProbeSize bytes of st's record, best of three each, and reports
-// whether the map took less than half as long.
+// mapsFaster times a map of st's record as the copy makes one (a window
+// of up to mapWindowSize bytes, populated, then unmapped) against reading
+// the same bytes as the copy reads them (copyBufLen at a time), best of
+// three each, and reports whether the map took less than three quarters
+// of the read's time.
+//
+// The same bytes each way: a map's cost is mostly per call (the mmap,
+// the populate's walk, the unmap's TLB flush), a read's per byte, so a
+// probe of 1 MiB each (as before 2026-12-05) charged the map four times
+// its share. On this project's VM that day a 1 MiB map took 84-138 µs
+// against 135-178 for reading it (reads chosen), a 4 MiB window 169-289
+// µs against 448-603 for four reads (maps chosen). Copied from maps,
+// resnext101_32x8d init's median went from 210 to 197 ms,
+// wide_resnet101_2 trained's from 305 to 289, the 2 GB one's (init)
+// from 1,091 to 967, with 5-21% less CPU (bench/alternate.md). On the VM
+// of the paravirtualised MMU above, where a page's entry cost
+// microseconds, a window costs that per page, four times a 1 MiB map,
+// and reads should still be chosen (not measured again: that VM's MMU is
+// no longer seen).
 func (c *Checkpoint) mapsFaster(z *zipWriter, st *Storage) bool {
-	buf := z.pipeBuffers()[0][:mapProbeSize]
+	buf := z.pipeBuffers()[0][:copyBufLen]
 	page := int64(os.Getpagesize())
+	size := min(mapWindowSize, st.rec.size)
 	base := st.rec.offset &^ (page - 1)
-	n := int(st.rec.offset - base + mapProbeSize)
-	if _, err := c.f.ReadAt(buf, st.rec.offset); err != nil { // (the buffer's own pages fault in here)
+	n := int(st.rec.offset - base + size)
+	readAll := func() error {
+		for off := int64(0); off < size; off += copyBufLen {
+			if _, err := c.f.ReadAt(buf[:min(copyBufLen, size-off)], st.rec.offset+off); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err := readAll(); err != nil { // (the buffer's own pages fault in here)
 		return true // the copy meets the error again
 	}
 	read, mapped := time.Duration(1<<62), time.Duration(1<<62)
 	for range 3 {
 		t0 := time.Now()
-		if _, err := c.f.ReadAt(buf, st.rec.offset); err != nil {
+		if err := readAll(); err != nil {
 			return true
 		}
 		read = min(read, time.Since(t0))
@@ -336,7 +379,7 @@ func (c *Checkpoint) mapsFaster(z *zipWriter, st *Storage) bool {
 		syscall.Munmap(m)
 		mapped = min(mapped, time.Since(t0))
 	}
-	return 2*mapped < read
+	return 4*mapped < 3*read
 }
 
 // mapMin is the smallest record copyMapped copies: a map costs two system

@@ -87,9 +87,9 @@ func TestZipWriterLargeRecords(t *testing.T) {
 
 // The probe chooses maps or reads for the large records once per
 // checkpoint, and the copy writes the same bytes whichever it chose, with
-// negations too.
+// negations too. Under mapProbeMin it does not probe: reads.
 func TestChooseMaps(t *testing.T) {
-	defer func() { mapProbe = false }()
+	defer func(min int64) { mapProbe, mapProbeMin = false, min }(mapProbeMin)
 	dir := t.TempDir()
 	src := NewStateDict(filepath.Join(dir, "in.pth"))
 	big := make([]float64, 3<<18) // 3 MiB of float32: past the probe's 1 MiB
@@ -107,8 +107,17 @@ func TestChooseMaps(t *testing.T) {
 		t.Fatal(err)
 	}
 	var outs [][]byte
-	for i, mode := range []struct{ probe, reads bool }{{false, false}, {false, true}, {true, false}} {
-		mapProbe = mode.probe
+	modes := []struct {
+		probe    bool
+		probeMin int64 // the large records' bytes that make it probe
+		reads    bool  // chosen without the probe; with it, below probeMin
+	}{
+		{false, 0, false}, {false, 0, true},
+		{true, 1, false},       // the probe decides
+		{true, 64 << 20, true}, // 3 MiB: too little to probe
+	}
+	for i, mode := range modes {
+		mapProbe, mapProbeMin = mode.probe, mode.probeMin
 		c, err := Open(in)
 		if err != nil {
 			t.Fatal(err)
@@ -127,7 +136,10 @@ func TestChooseMaps(t *testing.T) {
 		if c.mappable(st) == c.maps.reads {
 			t.Errorf("mode %+v: mappable %v with reads chosen %v", mode, c.mappable(st), c.maps.reads)
 		}
-		if mode.probe {
+		switch {
+		case mode.probe && mode.reads && !c.maps.reads:
+			t.Errorf("mode %+v: maps chosen for 3 MiB of large records, under the probe's minimum", mode)
+		case mode.probe && !mode.reads:
 			t.Logf("the probe chose %s", map[bool]string{false: "maps", true: "reads"}[c.maps.reads])
 		}
 		c.Close()
@@ -137,7 +149,7 @@ func TestChooseMaps(t *testing.T) {
 		}
 		outs = append(outs, b)
 	}
-	if !bytes.Equal(outs[0], outs[1]) || !bytes.Equal(outs[0], outs[2]) {
+	if !bytes.Equal(outs[0], outs[1]) || !bytes.Equal(outs[0], outs[2]) || !bytes.Equal(outs[0], outs[3]) {
 		t.Errorf("the outputs differ between maps, reads and the probe's choice")
 	}
 }
