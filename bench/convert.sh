@@ -13,8 +13,9 @@
 # weights the conversion negates channel by channel) and "init"
 # (torchvision's default initialisation, every gamma 1: nothing to fold).
 # "synthetic" is wide_resnet101_2's layout widened to about 2 GB.
-# Each tool runs 3 times after a warm-up copy (page cache warm for all);
-# the best wall time and the largest peak RSS are reported. Neither `cp` nor
+# Each tool runs 3 times after a warm-up copy (page cache warm for all),
+# in rounds (see run below); the best wall time and the largest peak RSS
+# are reported. Neither `cp` nor
 # abnconvert flushes to disk by default (abnconvert renames a complete
 # temporary file into place); the --fsync column adds the flush. The table
 # is written to stdout and to bench/convert.md. SKIP_PYTHON=1 leaves the
@@ -33,24 +34,32 @@ go build -tags urfave_cli_no_docs -o bin/abnconvert ./cmd/abnconvert
 # long as a third of `cp` of densenet201.
 # The CPU time (user + system, the least of the 3) is reported too: on a
 # shared machine it moves less than the wall time.
-measure() { # prints "seconds maxrss_kb cpu_seconds": the best time, the largest RSS, the least CPU of 3 runs
-  local out=$1; shift
-  local runs=() t0 t1
-  for _ in 1 2 3; do
-    rm -f "$out"
-    t0=$EPOCHREALTIME
-    /usr/bin/time -f "%M %U %S" -o "$dir/time.txt" "$@" >/dev/null 2>"$dir/stderr.txt" || { cat "$dir/stderr.txt" >&2; return 1; }
-    t1=$EPOCHREALTIME
-    runs+=("$(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.3f", b-a}') $(awk '{printf "%s %.2f", $1, $2+$3}' "$dir/time.txt")")
-  done
-  printf '%s\n' "${runs[@]}" | sort -n | awk 'NR==1{t=$1; c=$3} {if ($2>m) m=$2; if ($3<c) c=$3} END{print t, m, c}'
+# The tools run round by round (cp, abnconvert, abnconvert --fsync, the
+# baseline; each round starting one tool later), not one tool's 3 runs
+# after the other's: on this shared 2-core VM a minute's load moved one
+# tool's 3 runs together (wide_resnet101_2 trained: 1.48x in one table,
+# 1.71x in the next, the same build), and the round order spreads that over
+# all of them alike. Before each run the previous outputs are removed and
+# `sync` waits for any write-back still in flight, so that no run pays for
+# the kernel writing another's output (2 GB of it for the synthetic one).
+run() { # tool cmd...: one run, appended to times[tool] as "seconds maxrss_kb cpu_seconds"
+  local tool=$1 t0 t1; shift
+  rm -f "$dir/cp.pth" "$dir/abn.pth" "$dir/py.pth"
+  sync
+  t0=$EPOCHREALTIME
+  /usr/bin/time -f "%M %U %S" -o "$dir/time.txt" "$@" >/dev/null 2>"$dir/stderr.txt" || { cat "$dir/stderr.txt" >&2; return 1; }
+  t1=$EPOCHREALTIME
+  times[$tool]+="$(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.3f", b-a}') $(awk '{printf "%s %.2f", $1, $2+$3}' "$dir/time.txt");"
+}
+best() { # tool: "seconds maxrss_kb cpu_seconds": the best time, the largest RSS, the least CPU of its runs
+  tr ';' '\n' <<<"${times[$1]}" | grep . | sort -n | awk 'NR==1{t=$1; c=$3} {if ($2>m) m=$2; if ($3<c) c=$3} END{print t, m, c}'
 }
 
 {
   echo "# Conversion benchmark"
   echo
   echo "Command: \`bash bench/convert.sh ${models[*]}\` on $(nproc) cores, $(date -u +%Y-%m-%d), commit $(git rev-parse --short HEAD), $(/usr/bin/python3 -c 'import torch; print("torch", torch.__version__)')."
-  echo "Best of 3 runs, page cache warm; peak RSS is the largest of the 3. Checkpoints from \`bench/trained_like.py\`."
+  echo "Best of 3 runs, in rounds (cp, abnconvert, --fsync, baseline, each round starting one later), \`sync\` before each, page cache warm; peak RSS is the largest of the 3. Checkpoints from \`bench/trained_like.py\`."
   echo
   echo "| checkpoint | BN | size | cp | abnconvert | ratio to cp | abnconvert peak RSS | cp CPU | abnconvert CPU | abnconvert --fsync | Python baseline | baseline peak RSS |"
   echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
@@ -64,11 +73,24 @@ for m in "${models[@]}"; do
     fi
     size=$(stat -c %s "$in")
     cp "$in" "$dir/warm.pth" && rm -f "$dir/warm.pth"
-    read -r cpt cpm cpc < <(measure "$dir/cp.pth" cp "$in" "$dir/cp.pth")
-    read -r abt abm abc < <(measure "$dir/abn.pth" bin/abnconvert convert --input "$in" --output "$dir/abn.pth" --quiet)
-    read -r aft afm afc < <(measure "$dir/abn.pth" bin/abnconvert convert --input "$in" --output "$dir/abn.pth" --quiet --fsync)
+    declare -A times=()
+    tools=(cp abn fsync)
+    [ -n "${SKIP_PYTHON:-}" ] || tools+=(py)
+    for r in 0 1 2; do
+      for ((k = 0; k < ${#tools[@]}; k++)); do
+        case ${tools[(r + k) % ${#tools[@]}]} in
+        cp) run cp cp "$in" "$dir/cp.pth" ;;
+        abn) run abn bin/abnconvert convert --input "$in" --output "$dir/abn.pth" --quiet ;;
+        fsync) run fsync bin/abnconvert convert --input "$in" --output "$dir/abn.pth" --quiet --fsync ;;
+        py) run py /usr/bin/python3 "$baseline" "$in" "$dir/py.pth" ;;
+        esac
+      done
+    done
+    read -r cpt cpm cpc < <(best cp)
+    read -r abt abm abc < <(best abn)
+    read -r aft afm afc < <(best fsync)
     if [ -z "${SKIP_PYTHON:-}" ]; then
-      read -r pyt pym pyc < <(measure "$dir/py.pth" /usr/bin/python3 "$baseline" "$in" "$dir/py.pth")
+      read -r pyt pym pyc < <(best py)
       py="$pyt s | $((pym/1024)) MB"
     else
       py="- | -"
