@@ -10,6 +10,7 @@ import (
 	"math/rand"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -160,4 +161,75 @@ func (c *Checkpoint) storageOf(t *testing.T, key string) *Storage {
 		t.Fatalf("no tensor %q", key)
 	}
 	return tn.Storage
+}
+
+// No window of the input stays mapped once a copy from maps returns,
+// written whole or stopped by a failing writer: the mapper unmaps the
+// windows the writer hands back, and close the last ones, which the
+// mapper, done, did not take.
+func TestMapsUnmapped(t *testing.T) {
+	if _, err := os.Stat("/proc/self/maps"); err != nil {
+		t.Skipf("no /proc/self/maps: %v", err)
+	}
+	defer func(size int64) { mapWindowSize = size }(mapWindowSize)
+	mapWindowSize = 4096 // several windows a record
+	in := filepath.Join(t.TempDir(), "in.pth")
+	src := NewStateDict(in)
+	w := make([]float64, 8*4096)
+	for i := range w {
+		w[i] = float64(i%97) - 48
+	}
+	if err := src.AddTensor("conv.weight", Float32, []int{8, 4096}, w); err != nil {
+		t.Fatal(err)
+	}
+	if err := src.AddTensor("fc.weight", Float32, []int{4, 4096}, w[:4*4096]); err != nil {
+		t.Fatal(err)
+	}
+	if err := src.Write(in, WriteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	mapped := func() int {
+		b, err := os.ReadFile("/proc/self/maps")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Count(string(b), in)
+	}
+	for _, failAfter := range []int{-1, 100 << 10} {
+		c, err := Open(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !c.mappable(c.storageOf(t, "conv.weight")) {
+			t.Fatal("conv.weight is not copied from maps")
+		}
+		if _, err := c.NegateChannels("conv.weight", []int{1, 6}); err != nil {
+			t.Fatal(err)
+		}
+		var dst io.Writer = io.Discard
+		if failAfter >= 0 {
+			dst = &failingWriter{left: failAfter}
+		}
+		_, err = c.WriteTo(dst)
+		if (err != nil) != (failAfter >= 0) {
+			t.Fatalf("writer failing after %d bytes: error %v", failAfter, err)
+		}
+		if n := mapped(); n != 0 {
+			t.Errorf("writer failing after %d bytes: %d maps of the input left after the copy", failAfter, n)
+		}
+		c.Close()
+	}
+}
+
+// failingWriter takes left bytes, then fails.
+type failingWriter struct{ left int }
+
+func (w *failingWriter) Write(p []byte) (int, error) {
+	if len(p) > w.left {
+		n := w.left
+		w.left = 0
+		return n, errors.New("disk full")
+	}
+	w.left -= len(p)
+	return len(p), nil
 }
