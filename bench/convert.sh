@@ -15,11 +15,11 @@
 # "synthetic" is wide_resnet101_2's layout widened to about 2 GB.
 # Each tool runs 3 times after a warm-up copy (page cache warm for all),
 # in rounds (see run below); the best wall time and the largest peak RSS
-# are reported. Neither `cp` nor
-# abnconvert flushes to disk by default (abnconvert renames a complete
-# temporary file into place); the --fsync column adds the flush. The table
-# is written to stdout and to bench/convert.md. SKIP_PYTHON=1 leaves the
-# baseline out (it needs memory for two copies of the checkpoint).
+# are reported. Neither `cp` nor abnconvert flushes to disk by default
+# (abnconvert renames a complete temporary file into place); the --fsync
+# column adds the flush. The table is written to stdout and to
+# bench/convert.md. SKIP_PYTHON=1 leaves the baseline out (it needs memory
+# for two copies of the checkpoint).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 models=("$@")

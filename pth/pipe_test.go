@@ -35,7 +35,7 @@ func TestPipeCopyReusesBuffers(t *testing.T) {
 	// A writer's error ends the copy and is returned; the buffers serve
 	// the next copy all the same.
 	boom := errors.New("disk full")
-	if _, _, err := pipeCopy(failWriter{boom}, bytes.NewReader(make([]byte, 5*bufLen)), 5*bufLen, bufs, true); !errors.Is(err, boom) {
+	if _, _, err := pipeCopy(&failWriter{err: boom}, bytes.NewReader(make([]byte, 5*bufLen)), 5*bufLen, bufs, true); !errors.Is(err, boom) {
 		t.Fatalf("err %v, want %v", err, boom)
 	}
 	var dst bytes.Buffer
@@ -44,9 +44,21 @@ func TestPipeCopyReusesBuffers(t *testing.T) {
 	}
 }
 
-type failWriter struct{ err error }
+// failWriter takes left bytes, then fails with err.
+type failWriter struct {
+	left int
+	err  error
+}
 
-func (w failWriter) Write([]byte) (int, error) { return 0, w.err }
+func (w *failWriter) Write(p []byte) (int, error) {
+	if len(p) > w.left {
+		n := w.left
+		w.left = 0
+		return n, w.err
+	}
+	w.left -= len(p)
+	return len(p), nil
+}
 
 // Records larger than the copy buffer go through pipeCopy, whose buffers
 // the writer keeps: two of them in a row come out whole.
@@ -93,7 +105,7 @@ func TestChooseMaps(t *testing.T) {
 	defer func(min int64) { mapProbe, mapProbeMin = false, min }(mapProbeMin)
 	dir := t.TempDir()
 	src := NewStateDict(filepath.Join(dir, "in.pth"))
-	big := make([]float64, 3<<18) // 3 MiB of float32: past the probe's 1 MiB
+	big := make([]float64, 3<<18) // 3 MiB of float32: past the 1 MiB a probed record needs
 	for i := range big {
 		big[i] = float64(i%251) - 125
 	}
@@ -208,7 +220,7 @@ func TestMapsUnmapped(t *testing.T) {
 		}
 		var dst io.Writer = io.Discard
 		if failAfter >= 0 {
-			dst = &failingWriter{left: failAfter}
+			dst = &failWriter{left: failAfter, err: errors.New("disk full")}
 		}
 		_, err = c.WriteTo(dst)
 		if (err != nil) != (failAfter >= 0) {
@@ -219,17 +231,4 @@ func TestMapsUnmapped(t *testing.T) {
 		}
 		c.Close()
 	}
-}
-
-// failingWriter takes left bytes, then fails.
-type failingWriter struct{ left int }
-
-func (w *failingWriter) Write(p []byte) (int, error) {
-	if len(p) > w.left {
-		n := w.left
-		w.left = 0
-		return n, errors.New("disk full")
-	}
-	w.left -= len(p)
-	return len(p), nil
 }
