@@ -402,6 +402,13 @@ func writeExternal(set *output.Set, path string, writes []extWrite) error {
 	if err != nil {
 		return err
 	}
+	// The file reaches at least the last tensor's offset: those blocks
+	// are allocated at once (output.File.Reserve).
+	var last int64
+	for _, wr := range writes {
+		last = max(last, wr.offset)
+	}
+	f.Reserve(last)
 	var at int64
 	for _, wr := range writes {
 		if pad := wr.offset - at; pad > 0 {

@@ -270,6 +270,17 @@ func (c *Checkpoint) writeBody(z *zipWriter, plan *writePlan, pkl []byte, late *
 		_, err := z.add(name, int64(len(b)), bytes.NewReader(b))
 		return err
 	}
+	// The archive holds at least the pickle's and every record's bytes
+	// (headers, the byte order and the directory come on top): their
+	// blocks are allocated in one call rather than as the writes extend
+	// the file (output.File.Reserve), and none past its end.
+	if r, ok := z.w.(reserver); ok {
+		n := z.off + int64(len(pkl))
+		for _, s := range plan.storages {
+			n += s.length()
+		}
+		r.Reserve(n)
+	}
 	if err := add("archive/data.pkl", pkl); err != nil {
 		return err
 	}

@@ -11,6 +11,7 @@ import (
 	"reflect"
 	"runtime"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -456,5 +457,68 @@ func TestMemoryDoesNotScale(t *testing.T) {
 		if f.Name == "archive/data/0" && f.UncompressedSize64 != 4*numel {
 			t.Errorf("storage record of %d bytes, want %d", f.UncompressedSize64, 4*numel)
 		}
+	}
+}
+
+// reserveBuffer is an output that records what the writer reserves
+// (output.File.Reserve).
+type reserveBuffer struct {
+	bytes.Buffer
+	reserved []int64
+}
+
+func (b *reserveBuffer) Reserve(n int64) { b.reserved = append(b.reserved, n) }
+
+// TestWriteReserves: a write reserves its output's blocks once, ahead of
+// the writes, for at least every record's bytes and never past the end
+// of the archive it writes (blocks reserved past the end would stay
+// allocated in the output).
+func TestWriteReserves(t *testing.T) {
+	for _, name := range fixtures {
+		for _, changed := range []bool{false, true} {
+			c := openFixture(t, name)
+			if changed {
+				change(t, c, c.Keys()[0])
+			}
+			var b reserveBuffer
+			if _, err := c.WriteTo(&b); err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			z, err := zip.NewReader(bytes.NewReader(b.Bytes()), int64(b.Len()))
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			var records int64
+			for _, f := range z.File {
+				if strings.Contains(f.Name, "/data/") || strings.HasSuffix(f.Name, "/data.pkl") {
+					records += int64(f.UncompressedSize64)
+				}
+			}
+			if len(b.reserved) != 1 {
+				t.Fatalf("%s (changed %v): reserved %v, want one reservation", name, changed, b.reserved)
+			}
+			if n := b.reserved[0]; n < records || n > int64(b.Len()) {
+				t.Errorf("%s (changed %v): reserved %d bytes; the records hold %d, the archive %d", name, changed, n, records, b.Len())
+			}
+		}
+	}
+}
+
+// TestWriteLeavesNoBlocksPastTheEnd: the file a write leaves holds no
+// more blocks than its size needs (the reserve was not too large).
+func TestWriteLeavesNoBlocksPastTheEnd(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "out.pth")
+	c := openFixture(t, "nested")
+	change(t, c, c.Keys()[0])
+	if err := c.Write(out, WriteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(out, &st); err != nil {
+		t.Fatal(err)
+	}
+	bs := int64(st.Blksize)
+	if need := (st.Size + bs - 1) / bs * bs; st.Blocks*512 > need {
+		t.Errorf("%s: %d bytes in %d blocks of 512 bytes, where %d bytes of blocks hold it", out, st.Size, st.Blocks, need)
 	}
 }

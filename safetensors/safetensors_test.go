@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/abnconvert/abnconvert/pth"
@@ -373,4 +374,30 @@ func head(v []float64) []float64 {
 		return v[:4]
 	}
 	return v
+}
+
+// TestWriteLeavesNoBlocksPastTheEnd: the blocks StageTensors reserves
+// for the file it writes (its exact size) are all inside it.
+func TestWriteLeavesNoBlocksPastTheEnd(t *testing.T) {
+	ck, err := pth.Open(filepath.Join("..", "fixtures", "testdata", "tiny_resnext.pth"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.Close()
+	ts, err := FromWeights(ck, func(k string) DType { return FromTorch(pth.DType(ck.DType(k))) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "x.safetensors")
+	if err := WriteTensors(out, ts, nil, WriteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(out, &st); err != nil {
+		t.Fatal(err)
+	}
+	bs := int64(st.Blksize)
+	if need := (st.Size + bs - 1) / bs * bs; st.Blocks*512 > need {
+		t.Errorf("%s: %d bytes in %d blocks of 512 bytes, where %d bytes of blocks hold it", out, st.Size, st.Blocks, need)
+	}
 }

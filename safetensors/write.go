@@ -185,6 +185,13 @@ func StageTensors(set *output.Set, path string, tensors []Tensor, metadata map[s
 	if err != nil {
 		return err
 	}
+	// The file's size is known: its blocks are allocated at once
+	// (output.File.Reserve).
+	size := int64(8 + len(hdr))
+	for _, t := range ordered {
+		size += int64(graph.Numel(t.Shape) * t.DType.Size())
+	}
+	f.Reserve(size)
 	if err := Encode(f, hdr, ordered); err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}
