@@ -265,12 +265,6 @@ type vecWriter interface {
 	WriteVec(bufs [][]byte) (int, error)
 }
 
-// reserver is a writer that can allocate a file's blocks ahead of the
-// writes (output.File).
-type reserver interface {
-	Reserve(n int64)
-}
-
 // mapChunk is the unit copyMapped writes and checksums.
 const mapChunk = 1 << 20
 

@@ -418,3 +418,9 @@ func (c *Checkpoint) stage(set *output.Set, path string, force64 bool) error {
 	}
 	return nil
 }
+
+// reserver is a writer that can allocate a file's blocks ahead of the
+// writes (output.File).
+type reserver interface {
+	Reserve(n int64)
+}

@@ -11,8 +11,9 @@ import (
 	"reflect"
 	"runtime"
 	"strings"
-	"syscall"
 	"testing"
+
+	"github.com/abnconvert/abnconvert/output/outputtest"
 )
 
 // noFloats lists the fixtures whose pickle holds no Python float, which
@@ -513,12 +514,5 @@ func TestWriteLeavesNoBlocksPastTheEnd(t *testing.T) {
 	if err := c.Write(out, WriteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	var st syscall.Stat_t
-	if err := syscall.Stat(out, &st); err != nil {
-		t.Fatal(err)
-	}
-	bs := int64(st.Blksize)
-	if need := (st.Size + bs - 1) / bs * bs; st.Blocks*512 > need {
-		t.Errorf("%s: %d bytes in %d blocks of 512 bytes, where %d bytes of blocks hold it", out, st.Size, st.Blocks, need)
-	}
+	outputtest.NoBlocksPastEnd(t, out)
 }

@@ -11,9 +11,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 
+	"github.com/abnconvert/abnconvert/output/outputtest"
 	"github.com/abnconvert/abnconvert/pth"
 )
 
@@ -326,15 +326,7 @@ func TestPythonReader(t *testing.T) {
 		t.Skip("no python3 with torch")
 	}
 	ref := filepath.Join("..", "fixtures", "testdata", "tiny_resnext.pth")
-	ck, err := pth.Open(ref)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ck.Close()
-	ts, err := FromWeights(ck, func(k string) DType { return FromTorch(pth.DType(ck.DType(k))) })
-	if err != nil {
-		t.Fatal(err)
-	}
+	ts := checkpointTensors(t, ref)
 	out := filepath.Join(t.TempDir(), "x.safetensors")
 	if err := WriteTensors(out, ts, map[string]string{"format": "pt"}, WriteOptions{}); err != nil {
 		t.Fatal(err)
@@ -379,25 +371,27 @@ func head(v []float64) []float64 {
 // TestWriteLeavesNoBlocksPastTheEnd: the blocks StageTensors reserves
 // for the file it writes (its exact size) are all inside it.
 func TestWriteLeavesNoBlocksPastTheEnd(t *testing.T) {
-	ck, err := pth.Open(filepath.Join("..", "fixtures", "testdata", "tiny_resnext.pth"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ck.Close()
-	ts, err := FromWeights(ck, func(k string) DType { return FromTorch(pth.DType(ck.DType(k))) })
-	if err != nil {
-		t.Fatal(err)
-	}
+	ts := checkpointTensors(t, filepath.Join("..", "fixtures", "testdata", "tiny_resnext.pth"))
 	out := filepath.Join(t.TempDir(), "x.safetensors")
 	if err := WriteTensors(out, ts, nil, WriteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	var st syscall.Stat_t
-	if err := syscall.Stat(out, &st); err != nil {
+	outputtest.NoBlocksPastEnd(t, out)
+}
+
+// checkpointTensors describes every tensor of the checkpoint at path for
+// WriteTensors, in its own dtypes. The tensors stream from the checkpoint,
+// closed when the test ends.
+func checkpointTensors(t *testing.T, path string) []Tensor {
+	t.Helper()
+	ck, err := pth.Open(path)
+	if err != nil {
 		t.Fatal(err)
 	}
-	bs := int64(st.Blksize)
-	if need := (st.Size + bs - 1) / bs * bs; st.Blocks*512 > need {
-		t.Errorf("%s: %d bytes in %d blocks of 512 bytes, where %d bytes of blocks hold it", out, st.Size, st.Blocks, need)
+	t.Cleanup(func() { ck.Close() })
+	ts, err := FromWeights(ck, func(k string) DType { return FromTorch(pth.DType(ck.DType(k))) })
+	if err != nil {
+		t.Fatal(err)
 	}
+	return ts
 }
