@@ -11,20 +11,32 @@ import (
 	"github.com/abnconvert/abnconvert/pth"
 )
 
-// TestFoldsSigns: the fixtures (trained-like, some gammas negative) have
-// signs to fold, so their copy starts once those are settled; the same
-// checkpoints with every gamma made positive have none, so it starts at
-// once. Either way (every record copied from a map) the output is
-// byte for byte the one the copy started the other way writes.
-func TestFoldsSigns(t *testing.T) {
-	defer func() { copyAfterSigns = foldsSigns }()
+// TestCopyWhen: the fixtures (trained-like, some gammas negative) have
+// signs to fold, so the copy leaves the records of some tensors until they
+// are settled; the same checkpoints with every gamma made positive have
+// none, so it writes every record at once. Either way (every record
+// copied from a map) the output is byte for byte the one the copy writes
+// with every record at once, or every one left until the signs settle.
+func TestCopyWhen(t *testing.T) {
+	real := copyWhen
+	defer func() { copyWhen = real }()
 	defer pth.MapEverything()()
+	later := func(ck *pth.Checkpoint) (n int) {
+		when := real(ck)
+		for _, key := range ck.Keys() {
+			shape, _ := ck.Shape(key)
+			if when(key, shape) == pth.Settled {
+				n++
+			}
+		}
+		return n
+	}
 	for _, name := range fixtures {
 		t.Run(name, func(t *testing.T) {
 			dir := t.TempDir()
 			ck := open(t, fixture(name))
-			if !foldsSigns(ck) {
-				t.Fatal("no sign to fold in a checkpoint with negative gammas")
+			if later(ck) == 0 {
+				t.Fatal("no record left until the signs settle in a checkpoint with negative gammas")
 			}
 			for _, key := range ck.Keys() {
 				if base, ok := strings.CutSuffix(key, ".weight"); ok {
@@ -43,13 +55,21 @@ func TestFoldsSigns(t *testing.T) {
 			if err := ck.Write(positive, pth.WriteOptions{}); err != nil {
 				t.Fatal(err)
 			}
-			if foldsSigns(open(t, positive)) {
-				t.Fatal("signs to fold in a checkpoint whose gammas are all positive")
+			if n := later(open(t, positive)); n != 0 {
+				t.Fatalf("%d records left until the signs settle in a checkpoint whose gammas are all positive", n)
 			}
 			for _, in := range []string{fixture(name), positive} {
-				var outs [2][]byte
-				for i, after := range []bool{false, true} {
-					copyAfterSigns = func(*pth.Checkpoint) bool { return after }
+				var outs [3][]byte
+				for i, w := range []func(*pth.Checkpoint) func(string, []int) pth.When{
+					real,
+					func(*pth.Checkpoint) func(string, []int) pth.When {
+						return func(string, []int) pth.When { return pth.Now }
+					},
+					func(*pth.Checkpoint) func(string, []int) pth.When {
+						return func(string, []int) pth.When { return pth.Settled }
+					},
+				} {
+					copyWhen = w
 					out := filepath.Join(dir, "out.pth")
 					os.Remove(out)
 					if _, err := Run(Options{Input: in, Output: out}); err != nil {
@@ -61,8 +81,10 @@ func TestFoldsSigns(t *testing.T) {
 					}
 					outs[i] = b
 				}
-				if !bytes.Equal(outs[0], outs[1]) {
-					t.Errorf("%s: the copy started at once wrote %d bytes that differ from the %d it writes started after the signs", in, len(outs[0]), len(outs[1]))
+				for i, how := range []string{"every record at once", "every record once the signs settle"} {
+					if !bytes.Equal(outs[0], outs[i+1]) {
+						t.Errorf("%s: the copy writing %s wrote %d bytes that differ from the %d it writes as copyWhen says", in, how, len(outs[i+1]), len(outs[0]))
+					}
 				}
 			}
 		})

@@ -438,6 +438,21 @@ func (f *File) WriteAt(p []byte, off int64) (int, error) {
 	return n, nil
 }
 
+// MoveTo moves where appending goes on to off, after writing what the
+// buffer holds: a writer that leaves a range to fill in later (package
+// pth's Prewrite, whose copy writes the records a conversion may still
+// change last) goes on past it, comes back to it, and then goes on from
+// the end.
+func (f *File) MoveTo(off int64) error {
+	if err := f.Flush(); err != nil {
+		return err
+	}
+	if _, err := f.f.Seek(off, io.SeekStart); err != nil {
+		f.err = cause(err)
+	}
+	return f.err
+}
+
 // ReadAt reads bytes the file already holds (Flush first); like WriteAt,
 // it may run beside Write.
 func (f *File) ReadAt(p []byte, off int64) (int, error) {

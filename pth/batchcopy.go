@@ -83,11 +83,17 @@ type batchGroup struct {
 // and the ones read meanwhile.
 const batchInFlight = 3
 
-func (c *Checkpoint) startBatcher(runs [][]batchRecord, late *lateFlips) *batcher {
+// startBatcher starts reading the groups of runs, up to inFlight (at most
+// batchInFlight) at a time, into the buffers bufs and new ones.
+func (c *Checkpoint) startBatcher(runs [][]batchRecord, late *lateFlips, bufs [][]byte, inFlight int) *batcher {
 	// full never blocks: there are only batchInFlight buffers.
 	bt := &batcher{full: make(chan batchGroup, batchInFlight), free: make(chan []byte, batchInFlight), stop: make(chan struct{})}
-	for i := 0; i < batchInFlight; i++ {
-		bt.free <- nil
+	for i := 0; i < min(inFlight, batchInFlight); i++ {
+		var b []byte
+		if i < len(bufs) {
+			b = bufs[i]
+		}
+		bt.free <- b
 	}
 	// pending holds each group's result channel in writing order; no
 	// more than batchInFlight are out at once (one per buffer).
@@ -147,12 +153,30 @@ func (c *Checkpoint) startBatcher(runs [][]batchRecord, late *lateFlips) *batche
 var batchReadHook func(group int)
 
 // close stops the batcher and waits for it, so that no read is left
-// running once the copy returns.
-func (bt *batcher) close() {
+// running once the copy returns, and returns the group buffers it made,
+// for the next batcher of the same write: a copy in phases
+// (PrewriteLater) starts one per phase, and the conversion collects no
+// garbage on the way (convert/gc.go), so that new buffers were new pages
+// to fault in and clear.
+func (bt *batcher) close() [][]byte {
 	close(bt.stop)
-	for range bt.full {
+	var bufs [][]byte
+	for g := range bt.full {
+		if g.buf != nil {
+			bufs = append(bufs, g.buf)
+		}
 	}
 	bt.wg.Wait()
+	for {
+		select {
+		case b := <-bt.free:
+			if b != nil {
+				bufs = append(bufs, b)
+			}
+		default:
+			return bufs
+		}
+	}
 }
 
 // batchRecord is one record of a copyBatch run, written as name: data, or

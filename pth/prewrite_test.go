@@ -284,3 +284,131 @@ func TestPrewriteCorruptRecord(t *testing.T) {
 	set.Abort()
 	assertOnly(t, dir, "in.pth")
 }
+
+// TestPrewriteLaterSameBytes: a copy that leaves some records until the
+// negations are settled (PrewriteLater) writes, whichever records it
+// leaves and however the records are copied, byte for byte what Write
+// writes of the changed checkpoint: where the negations come before Settle
+// (the records left take them on the way, the others are written over),
+// where Settle never comes (Finish lets the copy go on), where a record
+// left and written with the negations Settle handed over is negated again
+// afterwards (written over with the difference), and where every change
+// comes after Settle. A copy stopped while it waits for Settle ends.
+func TestPrewriteLaterSameBytes(t *testing.T) {
+	files := []string{"dtypes.pth", "views.pth", "shared.pth", "convbn_zip.pth", "nested.pth", "adam.pth", "dtypes_legacy.pth"}
+	defer func(buf int64) { mapCopy, batchCopy, batchBuf = true, true, buf }(batchBuf)
+	var takenAtSettle, againAfterTaken int
+	for _, name := range files {
+		path := filepath.Join("testdata", name)
+		ref, err := Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		changeSome(t, ref)
+		var want, wantAgain bytes.Buffer
+		if _, err := ref.WriteTo(&want); err != nil {
+			t.Fatal(err)
+		}
+		again := negateAgain(t, ref)
+		if _, err := ref.WriteTo(&wantAgain); err != nil {
+			t.Fatal(err)
+		}
+		ref.Close()
+		for _, mode := range []struct {
+			name            string
+			mapped, batched bool
+			buf             int64
+		}{
+			{"mapped", true, true, batchBuf},
+			{"batched", false, true, batchBuf},
+			{"batched in 1 KiB groups", false, true, 1 << 10},
+			{"one by one", false, false, batchBuf},
+		} {
+			for _, which := range []string{"every other tensor", "every tensor"} {
+				when := func(key string, shape []int) When {
+					if which == "every tensor" || len(key)%2 == 0 {
+						return Settled
+					}
+					return Now
+				}
+				for _, how := range []string{"changed, settled", "changed, never settled", "changed, settled, negated again", "settled, changed", "stopped before settling"} {
+					t.Run(name+"/"+mode.name+"/"+which+"/"+how, func(t *testing.T) {
+						mapCopy, batchCopy, batchBuf = mode.mapped, mode.batched, mode.buf
+						c, err := Open(path)
+						if err != nil {
+							t.Fatal(err)
+						}
+						defer c.Close()
+						dir := t.TempDir()
+						out := filepath.Join(dir, "out.pth")
+						set := output.New(output.Options{})
+						defer set.Abort()
+						p, err := c.PrewriteLater(set, out, when)
+						if err != nil {
+							t.Fatal(err)
+						}
+						defer p.Stop()
+						if p.plan != nil && len(p.late.when) == 0 {
+							t.Fatal("no record left until Settle")
+						}
+						want := want
+						switch how {
+						case "changed, settled":
+							changeSome(t, c)
+							p.Settle()
+							<-p.done
+							for st := range p.late.taken {
+								if p.late.when[st] == Settled {
+									takenAtSettle++
+									break
+								}
+							}
+						case "changed, never settled":
+							changeSome(t, c)
+						case "changed, settled, negated again":
+							changeSome(t, c)
+							p.Settle()
+							<-p.done // every record left took the negations Settle handed over
+							key := negateAgain(t, c)
+							if key != again {
+								t.Fatalf("negateAgain picked %q, not %q", key, again)
+							}
+							if tn, _ := c.Tensor(key); key != "" && p.late.took(tn.Storage) != nil {
+								againAfterTaken++
+							}
+							want = wantAgain
+						case "settled, changed":
+							p.Settle()
+							changeSome(t, c)
+						case "stopped before settling":
+							changeSome(t, c)
+							p.Stop()
+							set.Abort()
+							if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+								t.Errorf("a stopped copy left %d files behind", len(entries))
+							}
+							return
+						}
+						if err := p.Finish(); err != nil {
+							t.Fatal(err)
+						}
+						if err := set.Commit(); err != nil {
+							t.Fatal(err)
+						}
+						got, err := os.ReadFile(out)
+						if err != nil {
+							t.Fatal(err)
+						}
+						if !bytes.Equal(got, want.Bytes()) {
+							t.Fatalf("the copy in two phases gave %d bytes that differ from Write's %d (rewound %v, %d taken on the way)", len(got), want.Len(), p.rewound, len(p.late.taken))
+						}
+					})
+				}
+			}
+		}
+	}
+	// Each path was taken somewhere, or the test checks less than it says.
+	if takenAtSettle == 0 || againAfterTaken == 0 {
+		t.Errorf("records left that took the negations at Settle: %d runs; negated again after that: %d runs; want each", takenAtSettle, againAfterTaken)
+	}
+}

@@ -216,56 +216,6 @@ func (c *Checkpoint) writeTo(w io.Writer, force64 bool) (int64, error) {
 // the copy starts preparing it. stop, when closed, ends the copy early
 // (with an error).
 func (c *Checkpoint) writeBody(z *zipWriter, plan *writePlan, pkl []byte, late *lateFlips, stop <-chan struct{}) error {
-	// How each storage's record is copied is decided first, so that the
-	// goroutines that read and prepare the input's records work ahead of
-	// the writing from the start, across records: those copied from a
-	// map (mapper), and the runs of small records copied together
-	// (copyBatch, batcher).
-	type step struct {
-		s   *outStorage
-		run []batchRecord // or a run for copyBatch
-	}
-	var (
-		steps  []step
-		runs   [][]batchRecord
-		run    []batchRecord
-		mapped []mappedRecord
-	)
-	endRun := func() {
-		if len(run) > 0 {
-			runs = append(runs, run)
-			steps = append(steps, step{run: run})
-			run = nil
-		}
-	}
-	c.chooseMaps(z, plan)
-	for _, s := range plan.storages {
-		name := "archive/data/" + s.key
-		switch {
-		case s.data != nil && batchCopy && int64(len(s.data)) < batchBuf:
-			run = append(run, batchRecord{name: name, data: s.data})
-		case s.data == nil && s.stream == nil && c.batchable(s.src):
-			run = append(run, batchRecord{name: name, st: s.src, t: s.negated})
-		default:
-			endRun()
-			if s.data == nil && s.stream == nil && c.mappable(s.src) {
-				mapped = append(mapped, mappedRecord{s.src, s.negated})
-			}
-			steps = append(steps, step{s: s})
-		}
-	}
-	endRun()
-	var mp *mapper
-	if len(mapped) > 0 {
-		mp = c.startMapper(mapped, late)
-		defer mp.close()
-	}
-	var bt *batcher
-	if len(runs) > 0 {
-		bt = c.startBatcher(runs, late)
-		defer bt.close()
-	}
-
 	add := func(name string, b []byte) error {
 		_, err := z.add(name, int64(len(b)), bytes.NewReader(b))
 		return err
@@ -287,6 +237,125 @@ func (c *Checkpoint) writeBody(z *zipWriter, plan *writePlan, pkl []byte, late *
 	if err := add("archive/byteorder", []byte("little")); err != nil {
 		return err
 	}
+	// Each record is written when its phase comes (PrewriteLater): the
+	// records a conversion may still negate once it has settled the
+	// signs, each in its place, the others written around them before;
+	// the entries are put back in the file's order at the end.
+	var phases [Settled + 1][]int
+	for i, s := range plan.storages {
+		w := Now
+		if late != nil && s.data == nil && s.stream == nil && s.negated == nil {
+			w = late.when[s.src]
+		}
+		phases[w] = append(phases[w], i)
+	}
+	if len(phases[Now]) == len(plan.storages) {
+		return c.writeRecords(z, plan, phases[Now], nil, batchInFlight, late, stop)
+	}
+	offs := make([]int64, len(plan.storages)+1)
+	offs[0] = z.off
+	for i, s := range plan.storages {
+		offs[i+1] = z.recordEnd("archive/data/"+s.key, s.length(), offs[i])
+	}
+	first := len(z.entries)
+	for w, phase := range phases {
+		if len(phase) == 0 {
+			continue
+		}
+		if w > 0 {
+			select {
+			case <-late.reached[w-1]:
+			case <-stop:
+				return errStopped
+			}
+		}
+		// Before the signs settle, one group read at a time: the
+		// conversion needs the other core (densenet201 trained: 3 ms
+		// sooner in the median of 50 runs than three).
+		inFlight := batchInFlight
+		if w == int(Now) {
+			inFlight = 1
+		}
+		if err := c.writeRecords(z, plan, phase, offs, inFlight, late, stop); err != nil {
+			return err
+		}
+	}
+	sort.Slice(z.entries[first:], func(i, j int) bool { return z.entries[first+i].off < z.entries[first+j].off })
+	return z.seek(offs[len(plan.storages)])
+}
+
+// writeRecords writes the records of the storages of plan at the indices
+// idx, in that order: each at its offset in offs (offs[i] for storage i)
+// where offs is not nil, else one after the other from z.off; the batcher
+// reads up to inFlight groups at a time.
+func (c *Checkpoint) writeRecords(z *zipWriter, plan *writePlan, idx []int, offs []int64, inFlight int, late *lateFlips, stop <-chan struct{}) error {
+	// How each storage's record is copied is decided first, so that the
+	// goroutines that read and prepare the input's records work ahead of
+	// the writing from the start, across records: those copied from a
+	// map (mapper), and the runs of small records copied together
+	// (copyBatch, batcher). A run holds neighbours in the file only.
+	type step struct {
+		i   int // the storage's index in plan (the run's first)
+		s   *outStorage
+		run []batchRecord // or a run for copyBatch
+	}
+	var (
+		steps  []step
+		runs   [][]batchRecord
+		run    []batchRecord
+		runAt  int
+		mapped []mappedRecord
+	)
+	endRun := func() {
+		if len(run) > 0 {
+			runs = append(runs, run)
+			steps = append(steps, step{i: runAt, run: run})
+			run = nil
+		}
+	}
+	c.chooseMaps(z, plan)
+	for k, i := range idx {
+		s := plan.storages[i]
+		if k > 0 && idx[k-1] != i-1 {
+			endRun()
+		}
+		name := "archive/data/" + s.key
+		var r batchRecord
+		switch {
+		case s.data != nil && batchCopy && int64(len(s.data)) < batchBuf:
+			r = batchRecord{name: name, data: s.data}
+		case s.data == nil && s.stream == nil && c.batchable(s.src):
+			r = batchRecord{name: name, st: s.src, t: s.negated}
+		default:
+			endRun()
+			if s.data == nil && s.stream == nil && c.mappable(s.src) {
+				mapped = append(mapped, mappedRecord{s.src, s.negated})
+			}
+			steps = append(steps, step{i: i, s: s})
+			continue
+		}
+		if len(run) == 0 {
+			runAt = i
+		}
+		run = append(run, r)
+	}
+	endRun()
+	var mp *mapper
+	if len(mapped) > 0 {
+		mp = c.startMapper(mapped, late)
+		defer mp.close()
+	}
+	var bt *batcher
+	if len(runs) > 0 {
+		bt = c.startBatcher(runs, late, z.batchBufs, inFlight)
+		z.batchBufs = nil
+		defer func() { z.batchBufs = bt.close() }()
+	}
+
+	add := func(name string, b []byte) error {
+		_, err := z.add(name, int64(len(b)), bytes.NewReader(b))
+		return err
+	}
 	for _, step := range steps {
 		select {
 		case <-stop:
@@ -295,6 +364,11 @@ func (c *Checkpoint) writeBody(z *zipWriter, plan *writePlan, pkl []byte, late *
 		}
 		if late != nil {
 			if err := late.wrote(z, stop); err != nil {
+				return err
+			}
+		}
+		if offs != nil {
+			if err := z.seek(offs[step.i]); err != nil {
 				return err
 			}
 		}

@@ -26,6 +26,9 @@ type zipWriter struct {
 	// MB of them on wide_resnet101_2 copied without maps), each page a
 	// fault, and the heap soon past the collector's limit.
 	pipe [][]byte
+	// batchBufs are the group buffers of the last batcher, for the next
+	// (batcher.close).
+	batchBufs [][]byte
 	// queue, when non-nil, holds what write was given since the last
 	// flush, counted into off as if written (copyBatch).
 	queue [][]byte
@@ -181,8 +184,7 @@ func (z *zipWriter) begin(name string, size int64) (zipEntry, error) {
 		extra = le.AppendUint64(extra, 0)
 		extra = le.AppendUint64(extra, 0)
 	}
-	base := e.off + 30 + int64(len(name)) + int64(len(extra)) + 4
-	pad := int((zipAlign - base%zipAlign) % zipAlign)
+	pad := int(headerPad(name, e.off, len(extra)))
 	extra = le.AppendUint16(extra, 0x4246)
 	extra = le.AppendUint16(extra, uint16(pad))
 	for i := 0; i < pad; i++ {
@@ -215,6 +217,45 @@ func (z *zipWriter) begin(name string, size int64) (zipEntry, error) {
 	}
 	e.data = z.off
 	return e, nil
+}
+
+// headerPad is the padding of the local header of record name at off,
+// whose extra field holds extra bytes before the alignment field, that
+// aligns its data to zipAlign.
+func headerPad(name string, off int64, extra int) int64 {
+	base := off + 30 + int64(len(name)) + int64(extra) + 4
+	return (zipAlign - base%zipAlign) % zipAlign
+}
+
+// recordEnd is where a record of size bytes named name whose local header
+// starts at off ends, data descriptor included: where begin, size bytes
+// and finish would leave z.off.
+func (z *zipWriter) recordEnd(name string, size, off int64) int64 {
+	extra, desc := 0, int64(16)
+	if z.force64 || size >= max32 {
+		extra, desc = 20, 24
+	}
+	header := 30 + int64(len(name)) + int64(extra) + 4 + headerPad(name, off, extra)
+	return off + header + size + desc
+}
+
+// seek makes the writer go on at off, a record's first byte: the writer
+// leaves a range to be written later and comes back to it (writeBody's
+// records left until the signs settle). Its writer must be an
+// output.File.
+func (z *zipWriter) seek(off int64) error {
+	if off == z.off {
+		return nil
+	}
+	f, ok := z.w.(interface{ MoveTo(int64) error })
+	if !ok || len(z.queue) > 0 {
+		return fmt.Errorf("zip writer: cannot move from %d to %d", z.off, off)
+	}
+	if err := f.MoveTo(off); err != nil {
+		return err
+	}
+	z.off = off
+	return nil
 }
 
 // finish writes a record's data descriptor.
