@@ -145,10 +145,9 @@ func Run(opt Options) (*Result, error) {
 
 	// The output is written while the conversion decides what it changes
 	// (pth.PrewriteLater), from here on: the records it may negate once
-	// the signs are settled, the BN vectors it rewrites once it has
-	// finished, the rest at once (copyWhen). A refused conversion still leaves nothing behind, since
-	// the set renames nothing into place before Commit and Abort removes
-	// what was written.
+	// the signs are settled, the rest at once (copyWhen). A refused
+	// conversion still leaves nothing behind, since the set renames
+	// nothing into place before Commit and Abort removes what was written.
 	set := outputs(opt.Force, opt.Fsync, opt.Input)
 	defer set.Abort()
 	pw, err := ck.PrewriteLater(set, opt.Output, copyWhen(ck))
