@@ -2,9 +2,12 @@ package pth
 
 import (
 	"bytes"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/abnconvert/abnconvert/output"
@@ -410,5 +413,68 @@ func TestPrewriteLaterSameBytes(t *testing.T) {
 	// Each path was taken somewhere, or the test checks less than it says.
 	if takenAtSettle == 0 || againAfterTaken == 0 {
 		t.Errorf("records left that took the negations at Settle: %d runs; negated again after that: %d runs; want each", takenAtSettle, againAfterTaken)
+	}
+}
+
+// TestPrewriteLaterFault: a disk that fills up anywhere in a copy in two
+// phases, before the records left until Settle or among them, fails
+// Finish with the cause, naming the output, and the output set then
+// leaves nothing behind; a fault past the file's end changes nothing.
+func TestPrewriteLaterFault(t *testing.T) {
+	path := filepath.Join("testdata", "convbn_zip.pth")
+	st, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	when := func(key string, shape []int) When {
+		if len(shape) >= 2 {
+			return Settled
+		}
+		return Now
+	}
+	failed := 0
+	for _, mapped := range []bool{true, false} {
+		for _, after := range []int64{0, 100, 1 << 10, st.Size() / 4, st.Size() / 2, 3 * st.Size() / 4, st.Size() - 200, 4 * st.Size()} {
+			t.Run(fmt.Sprintf("mapped %v/after %d bytes", mapped, after), func(t *testing.T) {
+				defer func() { mapCopy = true }()
+				mapCopy = mapped
+				defer output.InjectFault("out.pth", after, syscall.ENOSPC)()
+				c, err := Open(path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Close()
+				dir := t.TempDir()
+				out := filepath.Join(dir, "out.pth")
+				set := output.New(output.Options{})
+				p, err := c.PrewriteLater(set, out, when)
+				if err != nil {
+					t.Fatal(err)
+				}
+				changeSome(t, c)
+				p.Settle()
+				err = p.Finish()
+				if err == nil {
+					err = set.Commit()
+				}
+				p.Stop()
+				set.Abort()
+				switch {
+				case after >= st.Size()*2:
+					if err != nil {
+						t.Fatalf("a fault past the end failed the write: %v", err)
+					}
+					assertOnly(t, dir, "out.pth")
+				case err == nil || !errors.Is(err, syscall.ENOSPC) || !strings.Contains(err.Error(), out):
+					t.Fatalf("Finish after the disk filled at byte %d: %v, want ENOSPC naming %s", after, err, out)
+				default:
+					failed++
+					assertOnly(t, dir)
+				}
+			})
+		}
+	}
+	if failed == 0 {
+		t.Error("no write failed")
 	}
 }
