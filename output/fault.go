@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -53,21 +54,36 @@ func withFault(dest string, w io.Writer) io.Writer {
 	return &faultWriter{w: w, left: f.after, err: f.err}
 }
 
-// faultWriter passes bytes through until left is spent, then fails.
+// faultWriter passes bytes through until left is spent, then fails:
+// appended (Write) and positioned (writeAt, from several goroutines at
+// once) bytes alike.
 type faultWriter struct {
 	w    io.Writer
+	mu   sync.Mutex
 	left int64
 	err  error
 }
 
 func (f *faultWriter) Write(p []byte) (int, error) {
+	return f.write(p, func(b []byte) (int, error) { return f.w.Write(b) })
+}
+
+// writeAt is w.WriteAt(p, off) under the fault.
+func (f *faultWriter) writeAt(w io.WriterAt, p []byte, off int64) (int, error) {
+	return f.write(p, func(b []byte) (int, error) { return w.WriteAt(b, off) })
+}
+
+func (f *faultWriter) write(p []byte, write func([]byte) (int, error)) (int, error) {
+	f.mu.Lock()
 	if int64(len(p)) <= f.left {
-		n, err := f.w.Write(p)
-		f.left -= int64(n)
-		return n, err
+		f.left -= int64(len(p))
+		f.mu.Unlock()
+		return write(p)
 	}
-	n, err := f.w.Write(p[:f.left])
-	f.left -= int64(n)
+	m := f.left
+	f.left = 0
+	f.mu.Unlock()
+	n, err := write(p[:m])
 	if err != nil {
 		return n, err
 	}

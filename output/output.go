@@ -422,16 +422,23 @@ func (f *File) Flush() error {
 	return f.err
 }
 
-// WriteAt overwrites bytes the file already holds, at off, leaving the
-// position where appending goes on unchanged: a writer that laid a file
-// out ahead of knowing some of its contents fills them in (package pth's
-// Prewrite). Call Flush first.
+// WriteAt writes bytes at off, over bytes the file holds or into a range
+// appending went past (MoveTo), leaving the position where appending goes
+// on unchanged: a writer that laid a file out ahead of knowing some of its
+// contents fills them in (package pth's Prewrite). Call Flush first. An
+// injected fault (InjectFault) counts its bytes as it counts Write's.
 //
-// It may run beside Write on another goroutine (on bytes Write no longer
-// buffers), so it leaves the file's error alone: the caller fails the
-// output with the error it returns.
+// It may run beside Write, and beside other WriteAts, on other goroutines
+// (on bytes Write no longer buffers), so it leaves the file's error alone:
+// the caller fails the output with the error it returns.
 func (f *File) WriteAt(p []byte, off int64) (int, error) {
-	n, err := f.f.WriteAt(p, off)
+	var n int
+	var err error
+	if fw, ok := f.w.(*faultWriter); ok {
+		n, err = fw.writeAt(f.f, p, off)
+	} else {
+		n, err = f.f.WriteAt(p, off)
+	}
 	if err != nil {
 		return n, cause(err)
 	}

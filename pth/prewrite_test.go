@@ -273,13 +273,27 @@ func TestPrewriteCorruptRecord(t *testing.T) {
 	}
 	mapCopy = true
 
+	// Left until the signs settle, it is copied by copyPlaced.
+	set := output.New(output.Options{})
+	p, err := c.PrewriteLater(set, out, func(string, []int) When { return Settled })
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Settle()
+	err = p.Finish()
+	if err == nil || !strings.Contains(err.Error(), "CRC-32") || !strings.Contains(err.Error(), out) {
+		t.Errorf("Finish after placing a corrupt record: %v, want a CRC-32 error naming %s", err, out)
+	}
+	set.Abort()
+	assertOnly(t, dir, "in.pth")
+
 	good, err := Open(filepath.Join("testdata", "convbn_zip.pth"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer good.Close()
-	set := output.New(output.Options{})
-	p, err := good.Prewrite(set, out)
+	set = output.New(output.Options{})
+	p, err = good.Prewrite(set, out)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -299,7 +313,7 @@ func TestPrewriteCorruptRecord(t *testing.T) {
 // comes after Settle. A copy stopped while it waits for Settle ends.
 func TestPrewriteLaterSameBytes(t *testing.T) {
 	files := []string{"dtypes.pth", "views.pth", "shared.pth", "convbn_zip.pth", "nested.pth", "adam.pth", "dtypes_legacy.pth"}
-	defer func(buf int64) { mapCopy, batchCopy, batchBuf = true, true, buf }(batchBuf)
+	defer func(buf, piece int64) { mapCopy, batchCopy, batchBuf, placedPiece = true, true, buf, piece }(batchBuf, placedPiece)
 	var takenAtSettle, againAfterTaken int
 	for _, name := range files {
 		path := filepath.Join("testdata", name)
@@ -320,12 +334,12 @@ func TestPrewriteLaterSameBytes(t *testing.T) {
 		for _, mode := range []struct {
 			name            string
 			mapped, batched bool
-			buf             int64
+			buf, piece      int64
 		}{
-			{"mapped", true, true, batchBuf},
-			{"batched", false, true, batchBuf},
-			{"batched in 1 KiB groups", false, true, 1 << 10},
-			{"one by one", false, false, batchBuf},
+			{"mapped", true, true, batchBuf, placedPiece},
+			{"batched", false, true, batchBuf, placedPiece},
+			{"batched in 1 KiB groups, placed in 100-byte pieces", false, true, 1 << 10, 100},
+			{"one by one", false, false, batchBuf, placedPiece},
 		} {
 			for _, which := range []string{"every other tensor", "every tensor"} {
 				when := func(key string, shape []int) When {
@@ -336,7 +350,7 @@ func TestPrewriteLaterSameBytes(t *testing.T) {
 				}
 				for _, how := range []string{"changed, settled", "changed, never settled", "changed, settled, negated again", "settled, changed", "stopped before settling"} {
 					t.Run(name+"/"+mode.name+"/"+which+"/"+how, func(t *testing.T) {
-						mapCopy, batchCopy, batchBuf = mode.mapped, mode.batched, mode.buf
+						mapCopy, batchCopy, batchBuf, placedPiece = mode.mapped, mode.batched, mode.buf, mode.piece
 						c, err := Open(path)
 						if err != nil {
 							t.Fatal(err)

@@ -276,6 +276,25 @@ func (c *Checkpoint) writeBody(z *zipWriter, plan *writePlan, pkl []byte, late *
 		if w == int(Now) {
 			inFlight = 1
 		}
+		if w == int(Settled) {
+			// Those left until the signs settled are placed by a
+			// goroutine per core (copyPlaced), the rest (maps) in turn.
+			if pw, ok := z.w.(placedWriter); ok {
+				c.chooseMaps(z, plan) // (placeable asks it)
+				var placed, rest []int
+				for _, i := range phase {
+					if c.placeable(plan.storages[i]) {
+						placed = append(placed, i)
+					} else {
+						rest = append(rest, i)
+					}
+				}
+				if err := c.copyPlaced(z, pw, plan, placed, offs, late, stop); err != nil {
+					return err
+				}
+				phase = rest
+			}
+		}
 		if err := c.writeRecords(z, plan, phase, offs, inFlight, late, stop); err != nil {
 			return err
 		}

@@ -171,7 +171,22 @@ func (c *countingWriter) Write(p []byte) (int, error) {
 // bytes of data through z.w (counting them into z.off), then calls finish
 // with their CRC-32.
 func (z *zipWriter) begin(name string, size int64) (zipEntry, error) {
-	e := zipEntry{name: name, off: z.off, size: size, zip64: z.force64 || size >= max32}
+	e, h := z.header(nil, name, size, z.off)
+	if err := z.write(h); err != nil {
+		return e, err
+	}
+	if z.off%zipAlign != 0 {
+		return e, fmt.Errorf("zip writer: record %s misaligned at %d", name, z.off)
+	}
+	e.data = z.off
+	return e, nil
+}
+
+// header appends to h the local header of a record of size bytes named
+// name whose header starts at off, and returns its entry (data set, crc
+// not) and h.
+func (z *zipWriter) header(h []byte, name string, size, off int64) (zipEntry, []byte) {
+	e := zipEntry{name: name, off: off, size: size, zip64: z.force64 || size >= max32}
 	e.offset = z.force64 || e.off >= max32
 	le := binary.LittleEndian
 	var extra []byte
@@ -190,7 +205,7 @@ func (z *zipWriter) begin(name string, size int64) (zipEntry, error) {
 	for i := 0; i < pad; i++ {
 		extra = append(extra, 'Z')
 	}
-	var h []byte
+	start := len(h)
 	h = le.AppendUint32(h, 0x04034b50)
 	h = le.AppendUint16(h, version)
 	h = le.AppendUint16(h, flagDesc|flagUTF8)
@@ -209,14 +224,8 @@ func (z *zipWriter) begin(name string, size int64) (zipEntry, error) {
 	h = le.AppendUint16(h, uint16(len(extra)))
 	h = append(h, name...)
 	h = append(h, extra...)
-	if err := z.write(h); err != nil {
-		return e, err
-	}
-	if z.off%zipAlign != 0 {
-		return e, fmt.Errorf("zip writer: record %s misaligned at %d", name, z.off)
-	}
-	e.data = z.off
-	return e, nil
+	e.data = off + int64(len(h)-start)
+	return e, h
 }
 
 // headerPad is the padding of the local header of record name at off,

@@ -1,0 +1,166 @@
+package pth
+
+import (
+	"fmt"
+	"hash/crc32"
+	"runtime"
+	"sync"
+)
+
+// placedWriter is an output written at offsets, from several goroutines
+// at once, once what was appended is flushed (output.File).
+type placedWriter interface {
+	WriteAt(p []byte, off int64) (int, error)
+	Flush() error
+}
+
+// placeable reports whether copyPlaced can copy a storage's record: an
+// input record stored uncompressed and not copied from a map (chooseMaps:
+// the maps have a copy of their own).
+func (c *Checkpoint) placeable(s *outStorage) bool {
+	return s.data == nil && s.stream == nil && s.src != nil && s.src.rec.zf == nil && !c.mappable(s.src)
+}
+
+// copyPlaced copies the input records of the storages of plan at the
+// indices idx (placeable ones) into their places, offs[i] for storage i,
+// on a goroutine per core, each reading a record (up to placedPiece at a
+// time) into its buffer behind the record's local header, checking its
+// CRC, applying its negations (late's too) and writing header, bytes and
+// data descriptor with one positioned write a piece. Their entries are
+// appended to z's, in any order.
+//
+// It copies the records left until the signs settle (writeBody): there
+// the copy had been one reader ahead of one writer, which read and wrote
+// densenet201's 57 MB of them in 18-23 ms with the writer waiting 10-14
+// ms for its reads, where two goroutines each reading, checking and
+// writing their own records moved 46 MB in 10 ms (pread, CRC, pwrite of
+// 512 KiB records, blocks reserved; one goroutine 17 ms) on the same VM.
+func (c *Checkpoint) copyPlaced(z *zipWriter, w placedWriter, plan *writePlan, idx []int, offs []int64, late *lateFlips, stop <-chan struct{}) error {
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	jobs := make(chan int)
+	var (
+		mu       sync.Mutex
+		firstErr error
+		wg       sync.WaitGroup
+	)
+	fail := func(err error) {
+		mu.Lock()
+		if firstErr == nil {
+			firstErr = err
+		}
+		mu.Unlock()
+	}
+	workers := min(runtime.GOMAXPROCS(0), placedWorkers, len(idx))
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var buf []byte
+			for i := range jobs {
+				e, b, err := c.copyOnePlaced(z, w, plan.storages[i], offs[i], buf, late)
+				buf = b
+				if err != nil {
+					fail(err)
+					for range jobs { // drain: the feeder stops on the error
+					}
+					return
+				}
+				mu.Lock()
+				z.entries = append(z.entries, e)
+				mu.Unlock()
+			}
+		}()
+	}
+feed:
+	for _, i := range idx {
+		mu.Lock()
+		failed := firstErr != nil
+		mu.Unlock()
+		if failed {
+			break
+		}
+		select {
+		case jobs <- i:
+		case <-stop:
+			fail(errStopped)
+			break feed
+		}
+	}
+	close(jobs)
+	wg.Wait()
+	return firstErr
+}
+
+// placedWorkers bounds copyPlaced's goroutines.
+const placedWorkers = 4
+
+// placedPiece is the most bytes of a record copyPlaced reads and writes at
+// once; tests lower it to copy their small records in several pieces.
+var placedPiece int64 = copyBufLen
+
+// copyOnePlaced is copyPlaced's copy of one record (s.src) whose local
+// header lies at off, through buf (grown as needed, returned for the next
+// record). Errors name the input and its record, or the output's write.
+func (c *Checkpoint) copyOnePlaced(z *zipWriter, w placedWriter, s *outStorage, off int64, buf []byte, late *lateFlips) (zipEntry, []byte, error) {
+	st := s.src
+	size := st.rec.size
+	name := "archive/data/" + s.key
+	e, h := z.header(buf[:0], name, size, off)
+	t := s.negated
+	if t == nil && late != nil {
+		t = late.take(st)
+	}
+	var nd []byte // new contents published meanwhile: written instead
+	if late != nil {
+		nd = late.takeData(st)
+	}
+	const descMax = 24
+	var crc uint32
+	at := off
+	for pos := int64(0); ; {
+		n := min(placedPiece, size-pos)
+		head := len(h)
+		if need := head + int(n) + descMax; cap(h) < need {
+			h = append(make([]byte, 0, max(need, int(placedPiece)+head+descMax)), h...)
+		}
+		b := h[:head+int(n)]
+		d := b[head:]
+		if _, err := c.f.ReadAt(d, st.rec.offset+pos); err != nil {
+			return e, h, fmt.Errorf("%s: reading %s: %w", c.Path, st.rec.name, err)
+		}
+		crc = crc32.Update(crc, crc32.IEEETable, d)
+		switch {
+		case nd != nil:
+			copy(d, nd[pos:pos+n])
+		case t != nil:
+			l, _ := layoutOf(t)
+			l.Apply(t.negate, pos, d)
+		}
+		pos += n
+		if pos == size {
+			if st.rec.hasCRC && crc != st.rec.crc {
+				return e, h, fmt.Errorf("%s: record %s is corrupt: CRC-32 %08x, the archive records %08x", c.Path, st.rec.name, crc, st.rec.crc)
+			}
+			switch {
+			case nd != nil:
+				e.crc = crc32.ChecksumIEEE(nd)
+			case t != nil:
+				l, _ := layoutOf(t)
+				e.crc = crc ^ l.CRCDelta(t.negate, 0, size)
+			default:
+				e.crc = crc
+			}
+			b = e.descriptor(b)
+		}
+		if _, err := w.WriteAt(b, at); err != nil {
+			return e, h, fmt.Errorf("writing %s: %w", name, err)
+		}
+		at += int64(len(b))
+		if pos == size {
+			return e, h[:0], nil
+		}
+		h = h[:0]
+	}
+}
