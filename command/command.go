@@ -14,6 +14,7 @@ import (
 
 	"github.com/abnconvert/abnconvert/convert"
 	"github.com/abnconvert/abnconvert/failure"
+	"github.com/abnconvert/abnconvert/output"
 	"github.com/abnconvert/abnconvert/verify"
 )
 
@@ -44,6 +45,9 @@ func Main(args []string, stdout, stderr io.Writer) (code int) {
 	if err == nil {
 		return ExitOK
 	}
+	// A write that failed because a signal's handler removed its file
+	// (output) is not the error to report: the signal ends the process.
+	output.AwaitInterrupt()
 	if msg := oneLine(err.Error()); msg != "" {
 		fmt.Fprintln(stderr, "abnconvert: "+msg)
 	}

@@ -4,7 +4,9 @@ import (
 	"os"
 	"os/signal"
 	"sync"
+	"sync/atomic"
 	"syscall"
+	"time"
 )
 
 // The one signal handler of the process's outputs. While any Set is open a
@@ -22,6 +24,30 @@ var reg struct {
 }
 
 var signals = []os.Signal{os.Interrupt, syscall.SIGTERM, syscall.SIGHUP}
+
+// caught is set once the handler has a signal: the outputs are being
+// removed and the signal is about to be delivered again.
+var caught atomic.Bool
+
+// Interrupted reports whether the handler caught a signal: every open
+// set's temporary files are being (or have been) removed, which fails the
+// writes still going on, and the signal is delivered again with Go's
+// default action, so that the process ends as the signal demands.
+func Interrupted() bool { return caught.Load() }
+
+// AwaitInterrupt, where a signal was caught (Interrupted), gives the
+// handler the time to deliver it again, which ends the process, and
+// returns only if that does not end it (a program with a handler of its
+// own): a command whose write failed because the handler removed its file
+// calls it before it reports the failure, so that it ends as interrupted
+// (by the signal, exit 130 in a shell), not with an error about a closed
+// file that raced the signal.
+func AwaitInterrupt() {
+	if !caught.Load() {
+		return
+	}
+	time.Sleep(2 * time.Second)
+}
 
 func lock()   { reg.mu.Lock() }
 func unlock() { reg.mu.Unlock() }
@@ -73,6 +99,7 @@ func watch(ch chan os.Signal, quit chan struct{}) {
 			return
 		}
 	}
+	caught.Store(true)
 	lock()
 	for s := range reg.sets {
 		s.undoLocked()
