@@ -8,10 +8,9 @@ import (
 )
 
 // placedWriter is an output written at offsets, from several goroutines
-// at once, once what was appended is flushed (output.File).
+// at once, beside appending elsewhere in it (output.File).
 type placedWriter interface {
 	WriteAt(p []byte, off int64) (int, error)
-	Flush() error
 }
 
 // placeable reports whether copyPlaced can copy a storage's record: an
@@ -26,8 +25,10 @@ func (c *Checkpoint) placeable(s *outStorage) bool {
 // on a goroutine per core, each reading a record (up to placedPiece at a
 // time) into its buffer behind the record's local header, checking its
 // CRC, applying its negations (late's too) and writing header, bytes and
-// data descriptor with one positioned write a piece. Their entries are
-// appended to z's, in any order.
+// data descriptor with one positioned write a piece. It returns their
+// entries, in any order. It runs beside the copy of the other records
+// through z, whose bytes lie elsewhere in the file (z's buffer never holds
+// any of theirs), and uses z only to lay out the headers.
 //
 // It copies the records left until the signs settle (writeBody): there
 // the copy had been one reader ahead of one writer, which read and wrote
@@ -35,10 +36,8 @@ func (c *Checkpoint) placeable(s *outStorage) bool {
 // ms for its reads, where two goroutines each reading, checking and
 // writing their own records moved 46 MB in 10 ms (pread, CRC, pwrite of
 // 512 KiB records, blocks reserved; one goroutine 17 ms) on the same VM.
-func (c *Checkpoint) copyPlaced(z *zipWriter, w placedWriter, plan *writePlan, idx []int, offs []int64, late *lateFlips, stop <-chan struct{}) error {
-	if err := w.Flush(); err != nil {
-		return err
-	}
+func (c *Checkpoint) copyPlaced(z *zipWriter, w placedWriter, plan *writePlan, idx []int, offs []int64, late *lateFlips, stop <-chan struct{}) ([]zipEntry, error) {
+	var entries []zipEntry
 	jobs := make(chan int)
 	var (
 		mu       sync.Mutex
@@ -68,7 +67,7 @@ func (c *Checkpoint) copyPlaced(z *zipWriter, w placedWriter, plan *writePlan, i
 					return
 				}
 				mu.Lock()
-				z.entries = append(z.entries, e)
+				entries = append(entries, e)
 				mu.Unlock()
 			}
 		}()
@@ -90,7 +89,7 @@ feed:
 	}
 	close(jobs)
 	wg.Wait()
-	return firstErr
+	return entries, firstErr
 }
 
 // placedWorkers bounds copyPlaced's goroutines.
