@@ -425,8 +425,9 @@ func (f *File) Flush() error {
 // WriteAt writes bytes at off, over bytes the file holds or into a range
 // appending went past (MoveTo), leaving the position where appending goes
 // on unchanged: a writer that laid a file out ahead of knowing some of its
-// contents fills them in (package pth's Prewrite). Call Flush first. An
-// injected fault (InjectFault) counts its bytes as it counts Write's.
+// contents fills them in (package pth's Prewrite). Call Flush first where
+// off lies in bytes already appended. An injected fault (InjectFault)
+// counts its bytes as it counts Write's.
 //
 // It may run beside Write, and beside other WriteAts, on other goroutines
 // (on bytes Write no longer buffers), so it leaves the file's error alone:

@@ -131,7 +131,7 @@ func (p *Prewrite) Settle() {
 	if p.plan == nil || p.late.when == nil {
 		return
 	}
-	p.late.reach(Settled, func() {
+	p.late.settle(func() {
 		plan, err := p.c.plan()
 		if err != nil || !sameLayout(p.plan, plan) {
 			return // Finish writes the file again (and meets any error again)
@@ -151,14 +151,14 @@ func (p *Prewrite) Settle() {
 	})
 }
 
-// reach runs publish, then lets the copy write the records left until w,
-// the first time it is called for w.
-func (l *lateFlips) reach(w When, publish func()) {
+// settle runs publish, then lets the copy write the records left until
+// the signs settle, the first time it is called.
+func (l *lateFlips) settle(publish func()) {
 	if l.when == nil {
 		return
 	}
-	l.once[w-1].Do(func() {
-		defer close(l.reached[w-1])
+	l.settleOnce.Do(func() {
+		defer close(l.settled)
 		if publish != nil {
 			publish()
 		}
@@ -185,7 +185,7 @@ func (c *Checkpoint) prewrite(set *output.Set, path string, when map[*Storage]Wh
 	p.late.taken = map[*Storage]*Tensor{}
 	if len(when) > 0 {
 		p.late.when = when
-		p.late.reached = [1]chan struct{}{make(chan struct{})}
+		p.late.settled = make(chan struct{})
 	}
 	p.z = newZipWriter(f)
 	p.hold = holdCopy
@@ -300,7 +300,7 @@ func (p *Prewrite) finish() error {
 		p.late.data.Store(&data)
 		p.late.flips.Store(&flips)
 	}
-	p.late.reach(Settled, nil)
+	p.late.settle(nil)
 	if p.hold != nil {
 		close(p.hold)
 	}
@@ -462,11 +462,11 @@ type lateFlips struct {
 	takenData map[*Storage][]byte
 
 	// when is when the copy writes each input record (PrewriteLater;
-	// Now where absent); reached[w-1] is closed, once, by reach(w)
-	// (Settle, Finish).
-	when    map[*Storage]When
-	reached [1]chan struct{}
-	once    [1]sync.Once
+	// Now where absent); settled is closed, once, by settle (Settle,
+	// Finish).
+	when       map[*Storage]When
+	settled    chan struct{}
+	settleOnce sync.Once
 
 	// hold, when set (holdCopyAt, by tests), stops the copy once it has
 	// written holdAt entries until Finish has published the negations.

@@ -63,21 +63,8 @@ func TestPrewriteSameBytes(t *testing.T) {
 	var taken, patched, rewound, midway, startedNegated, renegated, dataTaken int
 	for _, name := range files {
 		path := filepath.Join("testdata", name)
-		ref, err := Open(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		changeSome(t, ref)
-		var want, wantAgain bytes.Buffer
-		if _, err := ref.WriteTo(&want); err != nil {
-			t.Fatal(err)
-		}
-		again := negateAgain(t, ref)
-		if _, err := ref.WriteTo(&wantAgain); err != nil {
-			t.Fatal(err)
-		}
-		ref.Close()
-		half := len(ref.Keys()) / 2
+		want, wantAgain, again, keys := referenceBytes(t, path)
+		half := keys / 2
 		for _, mode := range []struct {
 			name            string
 			mapped, batched bool
@@ -199,6 +186,27 @@ func TestPrewriteSameBytes(t *testing.T) {
 	}
 }
 
+// referenceBytes is what Write writes of the checkpoint at path after
+// changeSome (want), and after negateAgain too (wantAgain), with the key
+// negateAgain picked and the checkpoint's number of keys.
+func referenceBytes(t *testing.T, path string) (want, wantAgain bytes.Buffer, again string, keys int) {
+	t.Helper()
+	ref, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ref.Close()
+	changeSome(t, ref)
+	if _, err := ref.WriteTo(&want); err != nil {
+		t.Fatal(err)
+	}
+	again = negateAgain(t, ref)
+	if _, err := ref.WriteTo(&wantAgain); err != nil {
+		t.Fatal(err)
+	}
+	return want, wantAgain, again, len(ref.Keys())
+}
+
 // sameLayoutOnly reports whether c's plan now has the layout of the
 // copy's plan a, so that only the negations can have made Finish write
 // the file again.
@@ -317,20 +325,7 @@ func TestPrewriteLaterSameBytes(t *testing.T) {
 	var takenAtSettle, againAfterTaken int
 	for _, name := range files {
 		path := filepath.Join("testdata", name)
-		ref, err := Open(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		changeSome(t, ref)
-		var want, wantAgain bytes.Buffer
-		if _, err := ref.WriteTo(&want); err != nil {
-			t.Fatal(err)
-		}
-		again := negateAgain(t, ref)
-		if _, err := ref.WriteTo(&wantAgain); err != nil {
-			t.Fatal(err)
-		}
-		ref.Close()
+		want, wantAgain, again, _ := referenceBytes(t, path)
 		for _, mode := range []struct {
 			name            string
 			mapped, batched bool

@@ -259,7 +259,7 @@ func (c *Checkpoint) writeBody(z *zipWriter, plan *writePlan, pkl []byte, late *
 	}
 	settled := func() error {
 		select {
-		case <-late.reached[Settled-1]:
+		case <-late.settled:
 			return nil
 		case <-stop:
 			return errStopped

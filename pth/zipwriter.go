@@ -238,14 +238,11 @@ func headerPad(name string, off int64, extra int) int64 {
 
 // recordEnd is where a record of size bytes named name whose local header
 // starts at off ends, data descriptor included: where begin, size bytes
-// and finish would leave z.off.
+// and finish would leave z.off (the same header and descriptor, built and
+// measured).
 func (z *zipWriter) recordEnd(name string, size, off int64) int64 {
-	extra, desc := 0, int64(16)
-	if z.force64 || size >= max32 {
-		extra, desc = 20, 24
-	}
-	header := 30 + int64(len(name)) + int64(extra) + 4 + headerPad(name, off, extra)
-	return off + header + size + desc
+	e, _ := z.header(nil, name, size, off)
+	return e.data + size + int64(len(e.descriptor(nil)))
 }
 
 // seek makes the writer go on at off, a record's first byte: the writer
