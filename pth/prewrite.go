@@ -331,6 +331,11 @@ func (p *Prewrite) finish() error {
 		return err
 	}
 	const first = 2 // data.pkl and byteorder come first
+	// The edits of every record are made together, in file order, so
+	// that neighbours (a BN's four vectors, whose new values come last)
+	// are read and written back in one span: densenet201 trained has
+	// about 800 records to edit, 201 spans.
+	var ed edits
 	if len(p.z.entries) != first+len(plan.storages) {
 		return fmt.Errorf("early copy wrote %d records where the plan has %d", len(p.z.entries)-first, len(plan.storages))
 	}
@@ -346,9 +351,12 @@ func (p *Prewrite) finish() error {
 		if p.plan.storages[i].negated != nil {
 			taken = s.negated // the copy's own plan had them (negatesAsCopied)
 		}
-		if err := patchRecord(p.f, e, s, taken); err != nil {
+		if err := patchRecord(p.f, e, s, taken, &ed); err != nil {
 			return err
 		}
+	}
+	if err := ed.apply(p.f); err != nil {
+		return fmt.Errorf("writing %s: %w", p.f.Name(), err)
 	}
 	return c.writeTail(p.z)
 }
@@ -547,9 +555,9 @@ func (l *lateFlips) take(st *Storage) *Tensor {
 // holds at e, what s changes: new contents, streamed contents, or the
 // negations the copy did not apply on the way (taken: those it did), and
 // the record's CRC in its descriptor and in e (the central directory is
-// written after).
-func patchRecord(f *output.File, e *zipEntry, s *outStorage, taken *Tensor) error {
-	var ed edits
+// written after). Streamed contents are written at once; the rest is
+// added to ed, for the caller to apply with the other records' edits.
+func patchRecord(f *output.File, e *zipEntry, s *outStorage, taken *Tensor, ed *edits) error {
 	switch {
 	case s.data != nil:
 		data := s.data
@@ -593,9 +601,6 @@ func patchRecord(f *output.File, e *zipEntry, s *outStorage, taken *Tensor) erro
 	}
 	crc := e.descriptor(nil)[4:8]
 	ed.add(e.data+e.size+4, 4, func(b []byte, pos int64) { copy(b, crc[pos:]) })
-	if err := ed.apply(f); err != nil {
-		return fmt.Errorf("writing %s: %w", e.name, err)
-	}
 	return nil
 }
 
@@ -609,6 +614,7 @@ type edit struct {
 	fn     func(b []byte, pos int64)
 }
 
+// add appends an edit, which must start after the last one ends.
 func (ed *edits) add(off, n int64, fn func([]byte, int64)) {
 	*ed = append(*ed, edit{off, n, fn})
 }
@@ -624,15 +630,20 @@ const editGap = 4 << 10
 // map: on ext4 a write fault costs several microseconds a page (the file
 // system is told of every page made writable), more than copying it.
 func (ed edits) apply(f *output.File) error {
-	if len(ed) == 0 {
-		return nil
+	for i := 1; i < len(ed); i++ {
+		if ed[i].off < ed[i-1].off+ed[i-1].n {
+			return fmt.Errorf("edits out of order: [%d, +%d) after [%d, +%d)", ed[i].off, ed[i].n, ed[i-1].off, ed[i-1].n)
+		}
 	}
-	buf := make([]byte, min(editSpan, ed[len(ed)-1].off+ed[len(ed)-1].n-ed[0].off))
+	var buf []byte // as large as the largest span
 	for i, done := 0, int64(0); i < len(ed); {
 		lo := ed[i].off + done
 		hi := min(lo+editSpan, ed[i].off+ed[i].n)
 		for j := i + 1; j < len(ed) && ed[j].off <= hi+editGap && ed[j].off < lo+editSpan; j++ {
 			hi = max(hi, min(lo+editSpan, ed[j].off+ed[j].n))
+		}
+		if int64(cap(buf)) < hi-lo {
+			buf = make([]byte, hi-lo)
 		}
 		w := buf[:hi-lo]
 		if _, err := f.ReadAt(w, lo); err != nil {

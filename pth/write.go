@@ -1,7 +1,6 @@
 package pth
 
 import (
-	"bytes"
 	"fmt"
 	"io"
 	"sort"
@@ -216,10 +215,7 @@ func (c *Checkpoint) writeTo(w io.Writer, force64 bool) (int64, error) {
 // the copy starts preparing it. stop, when closed, ends the copy early
 // (with an error).
 func (c *Checkpoint) writeBody(z *zipWriter, plan *writePlan, pkl []byte, late *lateFlips, stop <-chan struct{}) error {
-	add := func(name string, b []byte) error {
-		_, err := z.add(name, int64(len(b)), bytes.NewReader(b))
-		return err
-	}
+	add := z.addBytes
 	// The archive holds at least the pickle's and every record's bytes
 	// (headers, the byte order and the directory come on top): their
 	// blocks are allocated in one call rather than as the writes extend
@@ -386,10 +382,7 @@ func (c *Checkpoint) writeRecords(z *zipWriter, plan *writePlan, idx []int, offs
 		defer func() { z.batchBufs = bt.close() }()
 	}
 
-	add := func(name string, b []byte) error {
-		_, err := z.add(name, int64(len(b)), bytes.NewReader(b))
-		return err
-	}
+	add := z.addBytes
 	for _, step := range steps {
 		select {
 		case <-stop:
@@ -455,10 +448,7 @@ func (c *Checkpoint) writeRecords(z *zipWriter, plan *writePlan, idx []int, offs
 // writeTail writes what follows the storage records: the provenance
 // record, the version and the central directory.
 func (c *Checkpoint) writeTail(z *zipWriter) error {
-	add := func(name string, b []byte) error {
-		_, err := z.add(name, int64(len(b)), bytes.NewReader(b))
-		return err
-	}
+	add := z.addBytes
 	if c.Provenance != nil {
 		if err := add("archive/"+ProvenanceRecord, c.Provenance); err != nil {
 			return err
