@@ -232,7 +232,7 @@ func (c *Checkpoint) loadModule() (*Module, error) {
 	if a.record("version") == nil {
 		return nil, fmt.Errorf("archive has no %sversion record", a.prefix)
 	}
-	res, err := a.readPickle()
+	res, err := a.readPickle(nil)
 	c.Globals = res.globals
 	if err != nil {
 		return nil, err

@@ -222,6 +222,10 @@ type scanned struct {
 	// events lists, in stream order, the first occurrence of every opcode,
 	// global and checked operand of the pickle (see event).
 	events []event
+	// frameReach is the furthest offset a FRAME opcode said its frame
+	// ends at (0 without one): a scan with a smaller limit refuses a
+	// frame that ends past it (loadZip's pickle read ahead).
+	frameReach int64
 }
 
 // scanPickle walks one pickle from r up to and including its STOP opcode,
@@ -731,6 +735,7 @@ func scanPickle(r *bufio.Reader, limit int64) (res scanned, err error) {
 				return res, fmt.Errorf("pickle FRAME of %d bytes at offset %d runs past the end of the data", n, opStart)
 			}
 			frameEnd = int64(len(buf)) + int64(n)
+			res.frameReach = max(res.frameReach, frameEnd)
 		case 0x98: // READONLY_BUFFER
 			_, err = top("READONLY_BUFFER")
 		default:

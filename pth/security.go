@@ -311,7 +311,7 @@ func (c *Checkpoint) audit() (*Audit, error) {
 		if err != nil {
 			return nil, err
 		}
-		res, err := z.readPickle()
+		res, err := z.readPickle(nil)
 		if err != nil {
 			return nil, err
 		}
