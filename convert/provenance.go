@@ -38,7 +38,7 @@ type origin struct {
 
 // structureSource digests the input and the structure source of m.
 func (o Options) structureSource(m *model.Model) (*origin, error) {
-	d, err := model.DigestInput(o.Input)
+	d, err := m.DigestInput()
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", o.Input, unwrapPathError(err))
 	}

@@ -11,9 +11,11 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/abnconvert/abnconvert/graph"
+	"github.com/abnconvert/abnconvert/pth"
 )
 
 // Every output of a conversion carries a provenance record: how it was
@@ -136,11 +138,19 @@ func zipRecordsSHA256(path string) (string, bool) {
 		return "", false
 	}
 	defer r.Close()
-	h := sha256.New()
-	for _, f := range r.File {
-		fmt.Fprintf(h, "%d:%s %d %08x\n", len(f.Name), f.Name, f.UncompressedSize64, f.CRC32)
+	return pth.ZipRecordsSHA256(r.File), true
+}
+
+// DigestInput is DigestInput(m.Path), from the zip directory the
+// checkpoint was opened with where it has one, rather than reading it
+// again (densenet201: 1,209 records, about 1 ms).
+func (m *Model) DigestInput() (FileDigest, error) {
+	if m.Checkpoint != nil {
+		if d, ok := m.Checkpoint.RecordsSHA256(); ok {
+			return FileDigest{File: filepath.Base(m.Path), SHA256: d, Method: DigestZipRecords}, nil
+		}
 	}
-	return hex.EncodeToString(h.Sum(nil)), true
+	return DigestInput(m.Path)
 }
 
 // StructureSource says where the structure came from and digests it: the
@@ -237,10 +247,20 @@ func FileSHA256(path string) (string, error) {
 // LayoutSHA256 digests what the recogniser reads of a state dict: each
 // key with its shape, in order.
 func LayoutSHA256(w graph.Weights) string {
+	// Each line as fmt.Sprintf("%s %v\n", key, shape) writes it, built
+	// with strconv: fmt was most of the digest's 0.7 ms on densenet201.
 	h := sha256.New()
+	var b []byte
 	for _, k := range w.Keys() {
 		s, _ := w.Shape(k)
-		fmt.Fprintf(h, "%s %v\n", k, s)
+		b = append(append(b[:0], k...), " ["...)
+		for i, d := range s {
+			if i > 0 {
+				b = append(b, ' ')
+			}
+			b = strconv.AppendInt(b, int64(d), 10)
+		}
+		h.Write(append(b, "]\n"...))
 	}
 	return hex.EncodeToString(h.Sum(nil))
 }

@@ -4,7 +4,9 @@ import (
 	"archive/zip"
 	"bufio"
 	"bytes"
+	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash/crc32"
@@ -12,6 +14,7 @@ import (
 	"math/big"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 )
@@ -77,6 +80,9 @@ type Checkpoint struct {
 	ahead readAheadState
 	// maps is the copy's choice between maps and reads (mapProbe).
 	maps mapChoice
+	// recordsSHA256 is ZipRecordsSHA256 of the zip directory read (zip
+	// checkpoints only).
+	recordsSHA256 string
 }
 
 // Open reads a checkpoint's structure. It executes nothing: globals outside
@@ -327,6 +333,34 @@ func (a *archive) readPickle(ahead *pickleAhead) (scanned, error) {
 	return res, nil
 }
 
+// ZipRecordsSHA256 is the SHA-256, in hex, of the list of a zip archive's
+// records as its central directory gives them, in order: each record's
+// name, size and CRC-32, one line each as fmt.Sprintf("%d:%s %d %08x\n",
+// len(name), name, size, crc) writes it (model.DigestZipRecords).
+func ZipRecordsSHA256(files []*zip.File) string {
+	h := sha256.New()
+	var b []byte
+	for _, f := range files {
+		b = strconv.AppendInt(b[:0], int64(len(f.Name)), 10)
+		b = append(append(append(b, ':'), f.Name...), ' ')
+		b = strconv.AppendUint(b, f.UncompressedSize64, 10)
+		b = append(b, ' ')
+		// %08x: at least 8 hex digits, zero-padded.
+		x := strconv.FormatUint(uint64(f.CRC32), 16)
+		for range 8 - len(x) {
+			b = append(b, '0')
+		}
+		h.Write(append(append(b, x...), '\n'))
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// RecordsSHA256 is ZipRecordsSHA256 of the archive the checkpoint was
+// opened from, taken while it was opened; false for other formats.
+func (c *Checkpoint) RecordsSHA256() (string, bool) {
+	return c.recordsSHA256, c.recordsSHA256 != ""
+}
+
 // pickleAhead is data.pkl as scanned from the file's first record before
 // the zip directory was read (Checkpoint.pickleAhead), with where it was
 // found.
@@ -475,6 +509,9 @@ func (c *Checkpoint) loadZip() error {
 	dir := make(chan opened, 1)
 	go func() {
 		a, err := c.openZip()
+		if err == nil {
+			c.recordsSHA256 = ZipRecordsSHA256(a.z.File)
+		}
 		dir <- opened{a, err}
 	}()
 	var ahead *pickleAhead
