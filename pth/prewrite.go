@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -629,42 +630,107 @@ const editGap = 4 << 10
 // the file (flushed), not in its buffer. Not through a shared
 // map: on ext4 a write fault costs several microseconds a page (the file
 // system is told of every page made writable), more than copying it.
+//
+// The spans are shared among a goroutine per core (up to editWorkers):
+// apply runs once the copy has ended, when nothing else is left to do
+// but the directory, and a trained densenet201 has 201 spans to edit,
+// about 1.5 ms on one core.
 func (ed edits) apply(f *output.File) error {
 	for i := 1; i < len(ed); i++ {
 		if ed[i].off < ed[i-1].off+ed[i-1].n {
 			return fmt.Errorf("edits out of order: [%d, +%d) after [%d, +%d)", ed[i].off, ed[i].n, ed[i-1].off, ed[i-1].n)
 		}
 	}
-	var buf []byte // as large as the largest span
+	// The spans, each with the pieces of edits it holds (an edit longer
+	// than editSpan is cut into several).
+	type piece struct {
+		e    int   // the edit
+		a, b int64 // the file's bytes [a, b) of it
+	}
+	type span struct {
+		lo, hi int64
+		pieces []piece
+	}
+	var spans []span
 	for i, done := 0, int64(0); i < len(ed); {
 		lo := ed[i].off + done
 		hi := min(lo+editSpan, ed[i].off+ed[i].n)
 		for j := i + 1; j < len(ed) && ed[j].off <= hi+editGap && ed[j].off < lo+editSpan; j++ {
 			hi = max(hi, min(lo+editSpan, ed[j].off+ed[j].n))
 		}
-		if int64(cap(buf)) < hi-lo {
-			buf = make([]byte, hi-lo)
-		}
-		w := buf[:hi-lo]
-		if _, err := f.ReadAt(w, lo); err != nil {
-			return err
-		}
+		sp := span{lo: lo, hi: hi}
 		for i < len(ed) && ed[i].off+done < hi {
 			e := ed[i]
 			a, b := e.off+done, min(e.off+e.n, hi)
-			e.fn(w[a-lo:b-lo], a-e.off)
+			sp.pieces = append(sp.pieces, piece{i, a, b})
 			if b == e.off+e.n {
 				i, done = i+1, 0
 			} else {
 				done = b - e.off
 			}
 		}
-		if _, err := f.WriteAt(w, lo); err != nil {
-			return err
+		spans = append(spans, sp)
+	}
+	edit := func(sp span, buf []byte) ([]byte, error) {
+		if int64(cap(buf)) < sp.hi-sp.lo {
+			buf = make([]byte, sp.hi-sp.lo) // as large as the largest span
+		}
+		w := buf[:sp.hi-sp.lo]
+		if _, err := f.ReadAt(w, sp.lo); err != nil {
+			return buf, err
+		}
+		for _, p := range sp.pieces {
+			e := ed[p.e]
+			e.fn(w[p.a-sp.lo:p.b-sp.lo], p.a-e.off)
+		}
+		_, err := f.WriteAt(w, sp.lo)
+		return buf, err
+	}
+	workers := min(runtime.GOMAXPROCS(0), editWorkers, len(spans)/editsPerWorker+1)
+	var (
+		next   atomic.Int64
+		failed atomic.Bool
+		mu     sync.Mutex
+		first  error
+		wg     sync.WaitGroup
+	)
+	work := func() {
+		var buf []byte
+		for !failed.Load() {
+			k := next.Add(1) - 1
+			if k >= int64(len(spans)) {
+				return
+			}
+			var err error
+			if buf, err = edit(spans[k], buf); err != nil {
+				mu.Lock()
+				if first == nil {
+					first = err
+				}
+				mu.Unlock()
+				failed.Store(true)
+				return
+			}
 		}
 	}
-	return nil
+	for range workers - 1 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			work()
+		}()
+	}
+	work()
+	wg.Wait()
+	return first
 }
+
+// editWorkers bounds apply's goroutines; editsPerWorker is the fewest
+// spans that make another one worth starting.
+const (
+	editWorkers    = 4
+	editsPerWorker = 16
+)
 
 // editSpan is the most bytes apply reads and writes back at a time.
 var editSpan int64 = 1 << 20
