@@ -181,11 +181,6 @@ type Site struct {
 	TinyGammaChannels []int    `json:"tiny_gamma_channels,omitempty"`
 }
 
-// Encode is the record as written: compact JSON.
-func (p *Provenance) Encode() ([]byte, error) {
-	return json.Marshal(p)
-}
-
 // DecodeProvenance parses a record; it refuses one that is not this tool's.
 func DecodeProvenance(b []byte) (*Provenance, error) {
 	d := json.NewDecoder(bytes.NewReader(b))
