@@ -240,8 +240,13 @@ func Run(opt Options) (*Result, error) {
 // started once the signs settled). It guesses only the order: the output
 // is the same bytes whatever it says.
 var copyWhen = func(ck *pth.Checkpoint) func(key string, shape []int) pth.When {
-	neg := negativeBN(ck)
+	// The BN weights are read at the first question, which PrewriteLater
+	// asks once the copy has started making the pickle on the other core.
+	var neg map[int]bool
 	return func(_ string, shape []int) pth.When {
+		if neg == nil {
+			neg = negativeBN(ck)
+		}
 		if len(shape) >= 2 && neg[shape[0]] {
 			return pth.Settled
 		}
