@@ -48,6 +48,8 @@ func TestValidateBN(t *testing.T) {
 		{"+Inf mean", ok, ok, []float64{1, math.Inf(1), 1, 1}, ok, "m.bn.running_mean[1] = +Inf"},
 		{"NaN variance", ok, ok, ok, []float64{1, 1, 1, nan}, "m.bn.running_var[3] = NaN"},
 		{"float64 value printed in full", ok, ok, ok, []float64{1, -0.1, 1, 1}, "m.bn.running_var[1] = -0.1:"},
+		{"largest finite values", []float64{math.MaxFloat64, -math.MaxFloat64, math.SmallestNonzeroFloat64, 1}, ok, ok, []float64{math.MaxFloat64, 1, 1, 1}, ""},
+		{"-Inf variance", ok, ok, ok, []float64{1, 1, inf, 1}, "m.bn.running_var[2] = -Inf: BN parameters must be finite"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
