@@ -21,6 +21,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 )
 
@@ -79,6 +80,25 @@ type File struct {
 
 	backup  string // a hard link to the previous file during Commit
 	renamed bool
+
+	// wmu is held around every write system call (appended and
+	// positioned alike). The kernel serialises writes to a file anyway
+	// (ext4 takes the inode's lock), but a writer that finds the lock
+	// taken spins on its core for as long as the holder writes (a
+	// megabyte: about 100 µs): with a conversion's goroutines writing
+	// records beside each other, 2% of its CPU (rwsem_spin_on_owner,
+	// densenet201 trained). Waiting here lets the core run another
+	// goroutine meanwhile.
+	wmu sync.Mutex
+}
+
+// lockedWriter is the staged file's appending writes, under wmu.
+type lockedWriter struct{ f *File }
+
+func (w lockedWriter) Write(p []byte) (int, error) {
+	w.f.wmu.Lock()
+	defer w.f.wmu.Unlock()
+	return w.f.f.Write(p)
 }
 
 // New starts a set of outputs. From now until Commit or Abort, a signal
@@ -145,12 +165,12 @@ func (s *Set) Create(path string) (*File, error) {
 		return nil, fmt.Errorf("%s: creating a temporary file in %s: %w", path, dir, cause(err))
 	}
 	f := &File{set: s, path: path, tmp: tmp.Name(), f: tmp}
-	if fw := withFault(path, tmp); fw != nil {
+	if fw := withFault(path, lockedWriter{f}); fw != nil {
 		// Unbuffered, so that the fault strikes within the writer's own
 		// call, where a test expects it.
 		f.w = fw
 	} else {
-		f.bw = bufio.NewWriterSize(tmp, 1<<16)
+		f.bw = bufio.NewWriterSize(lockedWriter{f}, 1<<16)
 		f.w = f.bw
 	}
 	s.files = append(s.files, f) // from now on Abort and a signal remove it
@@ -198,7 +218,9 @@ func (f *File) WriteVec(bufs [][]byte) (int, error) {
 		f.err = cause(err)
 		return 0, f.err
 	}
+	f.wmu.Lock()
 	n, err := writev(f.f, bufs)
+	f.wmu.Unlock()
 	if err != nil {
 		f.err = cause(err)
 	}
@@ -435,11 +457,13 @@ func (f *File) Flush() error {
 func (f *File) WriteAt(p []byte, off int64) (int, error) {
 	var n int
 	var err error
+	f.wmu.Lock()
 	if fw, ok := f.w.(*faultWriter); ok {
 		n, err = fw.writeAt(f.f, p, off)
 	} else {
 		n, err = f.f.WriteAt(p, off)
 	}
+	f.wmu.Unlock()
 	if err != nil {
 		return n, cause(err)
 	}
