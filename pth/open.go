@@ -4,6 +4,7 @@ import (
 	"archive/zip"
 	"bufio"
 	"bytes"
+	"cmp"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -13,6 +14,7 @@ import (
 	"io"
 	"math/big"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -511,8 +513,12 @@ func (c *Checkpoint) loadZip() error {
 		a, err := c.openZip()
 		if err == nil {
 			c.recordsSHA256 = ZipRecordsSHA256(a.z.File)
+			c.ahead.preDone = make(chan struct{})
 		}
 		dir <- opened{a, err}
+		if err == nil {
+			c.prefetchSmall(a)
+		}
 	}()
 	var ahead *pickleAhead
 	if scanAhead {
@@ -835,6 +841,54 @@ type readAheadState struct {
 	mu     sync.Mutex
 	built  bool
 	sorted []*Storage // the small stored records with a CRC, by offset
+	// pre holds the small records prefetchSmall read, by data offset,
+	// each handed out once; preDone (nil without a prefetch) is closed
+	// once it is complete.
+	pre     map[int64][]byte
+	preDone chan struct{}
+}
+
+// prefetchSmall reads the archive's small stored records (keepMax bytes
+// at most: a checkpoint's BN vectors) in runs, as readSmallRecord would,
+// for readSmallRecord to hand out. It runs on the goroutine that read the
+// zip directory, once that is done, while the conversion's core goes on
+// decoding the pickle: on densenet201 the reads (about 2 MB in 250 runs)
+// were a millisecond and a half of its reading the BN weights and
+// validating them, with the other core idle.
+func (c *Checkpoint) prefetchSmall(a *archive) {
+	defer close(c.ahead.preDone)
+	type rec struct{ off, size int64 }
+	var recs []rec
+	for _, zf := range a.z.File {
+		if zf.Method == zip.Store && zf.UncompressedSize64 <= keepMax && zf.CompressedSize64 == zf.UncompressedSize64 {
+			recs = append(recs, rec{a.offsets[zf], int64(zf.UncompressedSize64)})
+		}
+	}
+	slices.SortFunc(recs, func(x, y rec) int { return cmp.Compare(x.off, y.off) })
+	pre := make(map[int64][]byte, len(recs))
+	for i := 0; i < len(recs); {
+		start, end := recs[i].off, recs[i].off+recs[i].size
+		j := i + 1
+		for ; j < len(recs); j++ {
+			r := recs[j]
+			if r.off-end > readAheadGap || max(end, r.off+r.size)-start > readAheadMax {
+				break
+			}
+			end = max(end, r.off+r.size)
+		}
+		buf := make([]byte, end-start)
+		if _, err := c.f.ReadAt(buf, start); err == nil {
+			for _, r := range recs[i:j] {
+				o := r.off - start
+				// Capped, so that no reader of one record reaches the next.
+				pre[r.off] = buf[o : o+r.size : o+r.size]
+			}
+		}
+		i = j
+	}
+	c.ahead.mu.Lock()
+	c.ahead.pre = pre
+	c.ahead.mu.Unlock()
 }
 
 // Bounds on one read-ahead: the bytes read at once, and the largest gap
@@ -850,10 +904,17 @@ const (
 // errors as it always has).
 func (c *Checkpoint) readSmallRecord(st *Storage) []byte {
 	a := &c.ahead
+	if a.preDone != nil {
+		<-a.preDone
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if b := st.ahead; b != nil {
 		st.ahead = nil
+		return b
+	}
+	if b, ok := a.pre[st.rec.offset]; ok && int64(len(b)) == st.rec.size {
+		delete(a.pre, st.rec.offset)
 		return b
 	}
 	if !a.built {

@@ -326,23 +326,30 @@ func openCorrupted(t *testing.T, dir, key string, at int64, b []byte) (*Checkpoi
 	t.Helper()
 	in := filepath.Join(dir, "in.pth")
 	copyFile(t, filepath.Join("testdata", "convbn_zip.pth"), in)
+	// Where the record lies, from a first open; the bytes are changed
+	// before the open returned, since opening reads small records ahead.
 	c, err := Open(in)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { c.Close() })
 	tn, ok := c.Tensor(key)
 	if !ok {
 		t.Fatalf("fixture has no %s", key)
 	}
+	off := tn.Storage.rec.offset + at
+	c.Close()
 	f, err := os.OpenFile(in, os.O_RDWR, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	if _, err := f.WriteAt(b, tn.Storage.rec.offset+at); err != nil {
+	if _, err := f.WriteAt(b, off); err != nil {
 		t.Fatal(err)
 	}
+	if c, err = Open(in); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
 	return c, in
 }
 
