@@ -228,6 +228,7 @@ func convertAction(c *cli.Context) error {
 	if !c.Bool("quiet") {
 		opt.Progress = c.App.ErrWriter
 	}
+	opt.Table = !c.Bool("json") && !c.Bool("quiet")
 	res, err := convert.Run(opt)
 	if err != nil {
 		return err

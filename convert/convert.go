@@ -6,6 +6,7 @@ package convert
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -41,6 +42,9 @@ type Options struct {
 	Progress   io.Writer // nil: silent
 	Command    string    // the command line, recorded in the emitted module
 	Version    string    // the tool's version, for the provenance record ("dev" when empty)
+	// Table says the caller prints the result's table (WriteTable): a
+	// checkpoint's is laid out while the output is finished.
+	Table bool
 }
 
 // Result is what a conversion did; it is also the JSON the CLI prints.
@@ -65,6 +69,28 @@ type Result struct {
 	BNEps    map[string]float64 `json:"bn_eps,omitempty"`
 	Warnings []string           `json:"warnings"`
 	Seconds  float64            `json:"seconds"`
+
+	// body is the table but its last line, laid out ahead (Options.Table);
+	// nil: WriteTable lays it out.
+	body *tableBody
+}
+
+type tableBody struct {
+	done chan struct{}
+	b    bytes.Buffer
+}
+
+// layOutTable lays the table out (but its last line, which gives the time
+// taken) on a goroutine: on densenet201 trained that was 0.5 ms once the
+// output was written, with one core idle, where the copy's last records
+// are still being written beside it now. Nothing it reads changes after.
+func (r *Result) layOutTable() {
+	t := &tableBody{done: make(chan struct{})}
+	r.body = t
+	go func() {
+		defer close(t.done)
+		r.writeBody(&t.b)
+	}()
 }
 
 // ReportOptions records the flags that shaped the result.
@@ -206,6 +232,9 @@ func Run(opt Options) (*Result, error) {
 	}
 
 	opt.progress("writing %s", opt.Output)
+	if opt.Table {
+		res.layOutTable()
+	}
 	if err := pw.Finish(); err != nil {
 		return nil, err
 	}
@@ -362,6 +391,24 @@ func (r *Result) WriteTable(w io.Writer) {
 	bw := bufio.NewWriter(w) // (one write for the table; Report.WriteTable's reason)
 	defer bw.Flush()
 	w = bw
+	if r.body != nil {
+		<-r.body.done
+		w.Write(r.body.b.Bytes())
+	} else {
+		r.writeBody(w)
+	}
+	fmt.Fprintf(w, "wrote %s", r.Output)
+	if r.Data != "" {
+		fmt.Fprintf(w, " (its external data: %s)", r.Data)
+	}
+	if r.Module != "" {
+		fmt.Fprintf(w, " and %s", r.Module)
+	}
+	fmt.Fprintf(w, " in %.2fs\n", r.Seconds)
+}
+
+// writeBody is the table but its last line.
+func (r *Result) writeBody(w io.Writer) {
 	fmt.Fprintf(w, "%s: %s checkpoint", r.Input, r.Format)
 	if len(r.StatePath) > 0 {
 		fmt.Fprintf(w, ", state dict under %q", strings.Join(r.StatePath, "."))
@@ -392,14 +439,6 @@ func (r *Result) WriteTable(w io.Writer) {
 	for _, wn := range dedupe(warns) {
 		fmt.Fprintf(w, "warning: %s\n", wn)
 	}
-	fmt.Fprintf(w, "wrote %s", r.Output)
-	if r.Data != "" {
-		fmt.Fprintf(w, " (its external data: %s)", r.Data)
-	}
-	if r.Module != "" {
-		fmt.Fprintf(w, " and %s", r.Module)
-	}
-	fmt.Fprintf(w, " in %.2fs\n", r.Seconds)
 }
 
 func dedupe(s []string) []string {
