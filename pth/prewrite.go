@@ -383,7 +383,7 @@ func (p *Prewrite) finish() error {
 		}
 	}
 	if err := ed.apply(p.f); err != nil {
-		return fmt.Errorf("writing %s: %w", p.f.Name(), err)
+		return fmt.Errorf("editing the records written before their changes: %w", err) // Finish names the output
 	}
 	return c.writeTail(p.z)
 }
