@@ -867,15 +867,7 @@ func (c *Checkpoint) prefetchSmall(a *archive) {
 	slices.SortFunc(recs, func(x, y rec) int { return cmp.Compare(x.off, y.off) })
 	pre := make(map[int64][]byte, len(recs))
 	for i := 0; i < len(recs); {
-		start, end := recs[i].off, recs[i].off+recs[i].size
-		j := i + 1
-		for ; j < len(recs); j++ {
-			r := recs[j]
-			if r.off-end > readAheadGap || max(end, r.off+r.size)-start > readAheadMax {
-				break
-			}
-			end = max(end, r.off+r.size)
-		}
+		j, start, end := readAheadRun(i, len(recs), func(k int) (int64, int64) { return recs[k].off, recs[k].size })
 		buf := make([]byte, end-start)
 		if _, err := c.f.ReadAt(buf, start); err == nil {
 			for _, r := range recs[i:j] {
@@ -897,6 +889,22 @@ const (
 	readAheadMax = 256 << 10
 	readAheadGap = 4 << 10
 )
+
+// readAheadRun is the run a read-ahead from record i (of n, by offset;
+// rec gives each one's offset and size) reads: the bytes [start, end),
+// up to record j, the first it leaves out.
+func readAheadRun(i, n int, rec func(int) (off, size int64)) (j int, start, end int64) {
+	start, size := rec(i)
+	end = start + size
+	for j = i + 1; j < n; j++ {
+		off, size := rec(j)
+		if off-end > readAheadGap || max(end, off+size)-start > readAheadMax {
+			break
+		}
+		end = max(end, off+size)
+	}
+	return j, start, end
+}
 
 // readSmallRecord returns a small stored record's bytes, read with the
 // small records that follow it in the file, or nil when they could not be
@@ -938,15 +946,7 @@ func (c *Checkpoint) readSmallRecord(st *Storage) []byte {
 	if i == len(a.sorted) || a.sorted[i] != st {
 		return nil
 	}
-	start, end := st.rec.offset, st.rec.offset+st.rec.size
-	j := i + 1
-	for ; j < len(a.sorted); j++ {
-		r := &a.sorted[j].rec
-		if r.offset-end > readAheadGap || max(end, r.offset+r.size)-start > readAheadMax {
-			break
-		}
-		end = max(end, r.offset+r.size)
-	}
+	j, start, end := readAheadRun(i, len(a.sorted), func(k int) (int64, int64) { return a.sorted[k].rec.offset, a.sorted[k].rec.size })
 	buf := make([]byte, end-start)
 	if _, err := c.f.ReadAt(buf, start); err != nil {
 		return nil

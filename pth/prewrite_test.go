@@ -48,6 +48,11 @@ func changeSomeOf(t *testing.T, c *Checkpoint, which func(i int) bool) {
 	}
 }
 
+// prewriteFixtures are the checkpoints the two-phase copy is checked on:
+// every dtype, views, shared storages, a state dict, nested trees, an
+// optimizer state, a legacy file.
+var prewriteFixtures = []string{"dtypes.pth", "views.pth", "shared.pth", "convbn_zip.pth", "nested.pth", "adam.pth", "dtypes_legacy.pth"}
+
 // TestPrewriteSameBytes: an output written early (Prewrite) and completed
 // with the changes made meanwhile (Finish) is byte for byte what Write
 // writes of the changed checkpoint, whichever way the records are copied
@@ -56,12 +61,11 @@ func changeSomeOf(t *testing.T, c *Checkpoint, which func(i int) bool) {
 // afterwards, in spans of up to editSpan bytes), and where the changes
 // change the layout (written again).
 func TestPrewriteSameBytes(t *testing.T) {
-	files := []string{"dtypes.pth", "views.pth", "shared.pth", "convbn_zip.pth", "nested.pth", "adam.pth", "dtypes_legacy.pth"}
 	defer func(buf, span int64) {
 		mapCopy, batchCopy, batchBuf, editSpan, holdCopy, holdCopyAt = true, true, buf, span, nil, 0
 	}(batchBuf, editSpan)
 	var taken, patched, rewound, midway, startedNegated, renegated, dataTaken int
-	for _, name := range files {
+	for _, name := range prewriteFixtures {
 		path := filepath.Join("testdata", name)
 		want, wantAgain, again, keys := referenceBytes(t, path)
 		half := keys / 2
@@ -320,10 +324,9 @@ func TestPrewriteCorruptRecord(t *testing.T) {
 // afterwards (written over with the difference), and where every change
 // comes after Settle. A copy stopped while it waits for Settle ends.
 func TestPrewriteLaterSameBytes(t *testing.T) {
-	files := []string{"dtypes.pth", "views.pth", "shared.pth", "convbn_zip.pth", "nested.pth", "adam.pth", "dtypes_legacy.pth"}
 	defer func(buf, piece int64) { mapCopy, batchCopy, batchBuf, placedPiece = true, true, buf, piece }(batchBuf, placedPiece)
 	var takenAtSettle, againAfterTaken int
-	for _, name := range files {
+	for _, name := range prewriteFixtures {
 		path := filepath.Join("testdata", name)
 		want, wantAgain, again, _ := referenceBytes(t, path)
 		for _, mode := range []struct {
