@@ -315,6 +315,26 @@ type producerKeys struct {
 	dims  [2]int
 	users [2]int
 	neg   [2]*sliceNegation
+	// blocked is why each output channel cannot be folded, once found
+	// (nil: not asked, or foldable), indexed by channel: a map keyed by
+	// (producer, channel), hashed for each of densenet201 trained's
+	// 2,000 negative channels, made the pass 0.3 ms slower (4.49 ms
+	// against 4.20, median of 6 BenchmarkAnalysis runs alternated).
+	blocked []func() string
+}
+
+func (pk *producerKeys) blockedAt(pc int) func() string {
+	if pc < len(pk.blocked) {
+		return pk.blocked[pc]
+	}
+	return nil
+}
+
+func (pk *producerKeys) setBlocked(pc int, why func() string) {
+	if pc >= len(pk.blocked) {
+		pk.blocked = append(pk.blocked, make([]func() string, pc+1-len(pk.blocked))...)
+	}
+	pk.blocked[pc] = why
 }
 
 // siteVecs is a site's gamma (with the error reading it) and the
@@ -390,11 +410,6 @@ func (sv *siteVecs) gammaOf(st *State) ([]float64, error) {
 // (-x - (-mu)) / sigma * (-gamma) + beta is what the BN computed before.
 func foldSigns(st *State) error {
 	f := newFolder(st)
-	type src struct {
-		p  *graph.Node
-		pc int
-	}
-	blocked := map[src]func() string{}
 	reach := newReaches(st)
 	for _, s := range st.sites {
 		if !s.inPlace() {
@@ -414,13 +429,14 @@ func foldSigns(st *State) error {
 				s.block(c, func() string { return why })
 				continue
 			}
-			if why, done := blocked[src{p, pc}]; done {
+			pk := f.producer(st, p)
+			if why := pk.blockedAt(pc); why != nil {
 				s.block(c, why)
 				continue
 			}
 			hits, blocker := foldBlocker(st, reach, p, pc, f)
 			if blocker != nil {
-				blocked[src{p, pc}] = blocker
+				pk.setBlocked(pc, blocker)
 				s.block(c, blocker)
 				continue
 			}
