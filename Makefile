@@ -9,7 +9,7 @@ LDFLAGS := -X github.com/abnconvert/abnconvert/command.Version=$(VERSION)
 # 0.5 ms: 5.3 to 4.6 ms for `abnconvert --version` (hyperfine, 200 runs).
 TAGS    := urfave_cli_no_docs
 
-.PHONY: build demo test gotest pytest interop interop-big interop-structure security-torch26 zoo zoo-all zoo-memory verify-fixtures deps fixtures bench clean cuda cuda-test cuda-emu ptx gpu-bench emudriver gpu-emulated torch26 interop-torch26 onnxruntime
+.PHONY: build demo test gotest race pytest interop interop-big interop-structure security-torch26 zoo zoo-all zoo-memory verify-fixtures deps fixtures bench clean cuda cuda-test cuda-emu ptx gpu-bench emudriver gpu-emulated torch26 interop-torch26 onnxruntime
 
 build:
 	$(GO) build -tags $(TAGS) -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/abnconvert
@@ -40,6 +40,13 @@ test: deps build gotest pytest verify-fixtures interop
 gotest:
 	$(GO) vet ./...
 	$(GO) test ./...
+
+# The packages whose work runs on goroutines side by side (the copy beside
+# the conversion, the placing goroutines, the read-ahead on the directory's
+# goroutine, the edits shared among the cores) under the race detector
+# (needs cgo: gcc). CI runs it; about a minute on two cores.
+race:
+	$(GO) test -race ./pth/ ./output/ ./convert/ ./model/ ./rewrite/ ./command/
 
 pytest:
 	$(PYTHON) fixtures/test_standin.py
