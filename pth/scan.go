@@ -306,15 +306,12 @@ func scanPickle(r *bufio.Reader, limit int64) (res scanned, err error) {
 	// The stack is one slice; MARK records where the current frame starts
 	// (Python's metastack), so that a frame costs no slice of its own.
 	var (
-		stack  = make([]sval, 0, 64)
-		marks  []int
-		base   = 0 // where the current frame starts in stack
-		memo   memoTable
-		nextID = int64(0)
-		// Sized for a state dict's keys (a torch pickle spends about
-		// 170 bytes a tensor), where it grew through rehashes: 3-5% of
-		// the scan of densenet201's pickle (2.4-3.1 ms, 300 runs).
-		keys      = make(map[dictKey]struct{}, min(max(limit, 0)/256, 1<<14))
+		stack     = make([]sval, 0, 64)
+		marks     []int
+		base      = 0 // where the current frame starts in stack
+		memo      memoTable
+		nextID    = int64(0)
+		keys      = map[dictKey]struct{}{}
 		calls     = map[string]string{} // "global NAME" -> "call NAME", made once
 		frameEnd  = int64(0)
 		opStart   = 0
