@@ -61,10 +61,11 @@ func newZipWriter(w io.Writer) *zipWriter {
 // copyBuf is z.buf, made on first need: a conversion of a torch-written
 // checkpoint copies through the batcher, the pipe and the placed writers,
 // and writes what it holds in memory directly (addBytes), so it never
-// needs it. Every MB of heap a conversion touches costs about 0.4 ms here
-// (a page fault per huge page, whose memory the host may have to back
+// needs it. Fresh heap can cost about 0.4 ms a MB on the VM measured (a
+// page fault per huge page, whose memory the host may have to back
 // again): densenet201 trained, 8 MB more heap, +3.3 ms in the median of
-// 25 rounds (bench/alternate.md).
+// 25 rounds; in the VM's other state, where fresh pages are cheap (and
+// `cp` fast), 1.15 MB less made no difference (bench/alternate.md).
 func (z *zipWriter) copyBuf() []byte {
 	if z.buf == nil {
 		z.buf = make([]byte, copyBufLen)
