@@ -273,6 +273,12 @@ func (c *Checkpoint) readBatch(g []batchRecord, buf []byte, late *lateFlips) ([]
 			}
 			hi = r.offset + r.size
 		}
+		// Each read's bytes start on a copyAlign boundary of the buffer
+		// where it has room (see copyAlign: the input's records are so
+		// aligned in the file, and their copies in the output too).
+		if a := (used + copyAlign - 1) &^ (copyAlign - 1); a+hi-lo <= int64(len(buf)) {
+			used = a
+		}
 		b := buf[used : used+hi-lo]
 		if _, err := c.f.ReadAt(b, lo); err != nil {
 			return nil, nil, fmt.Errorf("%s: reading %s: %w", c.Path, g[i].st.rec.name, err)

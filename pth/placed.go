@@ -5,6 +5,7 @@ import (
 	"hash/crc32"
 	"runtime"
 	"sync"
+	"unsafe"
 )
 
 // placedWriter is an output written at offsets, from several goroutines
@@ -127,13 +128,14 @@ func (c *Checkpoint) copyOnePlaced(z *zipWriter, w placedWriter, s *outStorage, 
 	for pos := int64(0); ; {
 		n := min(placedPiece, size-pos)
 		head := len(h)
-		if need := head + int(n) + descMax; cap(h) < need {
-			h = append(make([]byte, 0, max(need, int(placedPiece)+head+descMax)), h...)
+		if need := head + int(n) + descMax + copyAlign; cap(buf) < need {
+			buf = make([]byte, 0, max(need, int(placedPiece)+head+descMax+copyAlign))
 		}
+		h = alignedAfter(buf, h)
 		b := h[:head+int(n)]
 		d := b[head:]
 		if _, err := c.f.ReadAt(d, st.rec.offset+pos); err != nil {
-			return e, h, fmt.Errorf("%s: reading %s: %w", c.Path, st.rec.name, err)
+			return e, buf[:0], fmt.Errorf("%s: reading %s: %w", c.Path, st.rec.name, err)
 		}
 		crc = crc32.Update(crc, crc32.IEEETable, d)
 		switch {
@@ -146,7 +148,7 @@ func (c *Checkpoint) copyOnePlaced(z *zipWriter, w placedWriter, s *outStorage, 
 		pos += n
 		if pos == size {
 			if st.rec.hasCRC && crc != st.rec.crc {
-				return e, h, fmt.Errorf("%s: record %s is corrupt: CRC-32 %08x, the archive records %08x", c.Path, st.rec.name, crc, st.rec.crc)
+				return e, buf[:0], fmt.Errorf("%s: record %s is corrupt: CRC-32 %08x, the archive records %08x", c.Path, st.rec.name, crc, st.rec.crc)
 			}
 			switch {
 			case nd != nil:
@@ -160,12 +162,31 @@ func (c *Checkpoint) copyOnePlaced(z *zipWriter, w placedWriter, s *outStorage, 
 			b = e.descriptor(b)
 		}
 		if _, err := w.WriteAt(b, at); err != nil {
-			return e, h, fmt.Errorf("writing %s: %w", name, err)
+			return e, buf[:0], fmt.Errorf("writing %s: %w", name, err)
 		}
 		at += int64(len(b))
 		if pos == size {
-			return e, h[:0], nil
+			return e, buf[:0], nil
 		}
 		h = h[:0]
 	}
+}
+
+// copyAlign is the alignment copyOnePlaced gives a record's bytes in its
+// buffer: that of the records in the file (torch aligns them to 64 bytes),
+// so that the kernel's copies into the buffer (pread) and out of it (the
+// write) move whole cache lines at both ends. Behind a header of any
+// length they did not, and copying densenet201 so read and wrote 10-20%
+// slower (1 MiB pieces, one thread, 2026-12-06).
+const copyAlign = 64
+
+// alignedAfter copies h (a local header, possibly empty) into buf, which
+// has copyAlign bytes to spare, where the bytes that follow it start on a
+// copyAlign boundary, and returns the copy. h may lie in buf.
+func alignedAfter(buf, h []byte) []byte {
+	base := buf[:cap(buf)]
+	end := uintptr(unsafe.Pointer(unsafe.SliceData(base))) + uintptr(len(h))
+	k := int((copyAlign - end%copyAlign) % copyAlign)
+	copy(base[k:], h)
+	return base[k : k+len(h)]
 }
