@@ -215,7 +215,8 @@ const batchGap = 4 << 10
 var batchCopy = true
 
 // splitBatch cuts recs into groups of at most max bytes read from the
-// input, spans between neighbours included.
+// input, spans between neighbours included, and the padding before each
+// read after a group's first (readBatch).
 func splitBatch(recs []batchRecord, max int64) [][]batchRecord {
 	var groups [][]batchRecord
 	start, used := 0, int64(0)
@@ -228,6 +229,10 @@ func splitBatch(recs []batchRecord, max int64) [][]batchRecord {
 		if prev != nil {
 			if gap := r.st.rec.offset - (prev.offset + prev.size); gap >= 0 && gap <= batchGap {
 				need += gap
+			} else {
+				// A read of its own, which readBatch starts on a
+				// copyAlign boundary of the buffer: room for the padding.
+				need += copyAlign - 1
 			}
 		}
 		if prev != nil && used+need > max {
@@ -274,10 +279,12 @@ func (c *Checkpoint) readBatch(g []batchRecord, buf []byte, late *lateFlips) ([]
 			hi = r.offset + r.size
 		}
 		// Each read's bytes start on a copyAlign boundary of the buffer
-		// where it has room (see copyAlign: the input's records are so
-		// aligned in the file, and their copies in the output too).
-		if a := (used + copyAlign - 1) &^ (copyAlign - 1); a+hi-lo <= int64(len(buf)) {
-			used = a
+		// (see copyAlign: the input's records are so aligned in the file,
+		// and their copies in the output too); splitBatch left room for
+		// the padding.
+		used = (used + copyAlign - 1) &^ (copyAlign - 1)
+		if used+hi-lo > int64(len(buf)) {
+			return nil, nil, fmt.Errorf("%s: reading %s: a group of %d bytes from %d does not fit its buffer of %d", c.Path, g[i].st.rec.name, hi-lo, used, len(buf))
 		}
 		b := buf[used : used+hi-lo]
 		if _, err := c.f.ReadAt(b, lo); err != nil {

@@ -2,8 +2,10 @@ package pth
 
 import (
 	"bytes"
+	"hash/crc32"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -121,4 +123,98 @@ func TestBatcherOutOfOrder(t *testing.T) {
 	}
 	// Readers the write stopped early must not run afterwards either.
 	time.Sleep(50 * time.Millisecond)
+}
+
+// TestBatchGroupsFit: whatever the records' order in the file, every
+// group splitBatch makes fits a buffer of its size in readBatch, which
+// starts each of the group's reads on a copyAlign boundary, and readBatch
+// hands back each record's bytes, aligned where a read starts. Records
+// out of the file's order (a checkpoint whose keys are not in its
+// records' order) each need a read of their own; so do records far apart.
+func TestBatchGroupsFit(t *testing.T) {
+	// The file: records of 1 to 200 bytes at offsets chosen below, each
+	// filled with its own index.
+	sizes := []int64{1, 7, 64, 65, 100, 3, 200, 129, 63, 31, 2, 190, 64, 17, 5, 127}
+	tests := []struct {
+		name string
+		gap  func(i int) int64 // bytes before record i
+		perm func(n int) []int // the plan's order of the records
+	}{
+		{"in order, close", func(int) int64 { return 30 }, identity},
+		{"in order, far apart", func(int) int64 { return batchGap + 1 }, identity},
+		{"reversed", func(int) int64 { return 30 }, reversed},
+		{"interleaved", func(i int) int64 { return int64(i%3) * batchGap }, func(n int) []int {
+			p := []int{}
+			for i := 0; i < n; i += 2 {
+				p = append(p, i)
+			}
+			for i := 1; i < n; i += 2 {
+				p = append(p, i)
+			}
+			return p
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var file []byte
+			recs := make([]*Storage, len(sizes))
+			for i, n := range sizes {
+				file = append(file, make([]byte, tc.gap(i))...)
+				rec := bytes.Repeat([]byte{byte(i + 1)}, int(n))
+				recs[i] = &Storage{rec: record{name: "r" + string(rune('a'+i)), offset: int64(len(file)), size: n, crc: crc32.ChecksumIEEE(rec), hasCRC: true}}
+				file = append(file, rec...)
+			}
+			path := filepath.Join(t.TempDir(), "in")
+			if err := os.WriteFile(path, file, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			f, err := os.Open(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			c := &Checkpoint{Path: path, f: f}
+			var run []batchRecord
+			for _, i := range tc.perm(len(sizes)) {
+				run = append(run, batchRecord{name: recs[i].rec.name, st: recs[i]})
+			}
+			// Every budget from the largest record up: each makes groups
+			// filled differently, some to the byte.
+			for max := int64(200); max <= 1200; max += 7 {
+				groups := splitBatch(run, max)
+				n := 0
+				for _, g := range groups {
+					buf := make([]byte, max)
+					data, _, err := c.readBatch(g, buf, nil)
+					if err != nil {
+						t.Fatalf("budget %d: %v", max, err)
+					}
+					for k, r := range g {
+						want := bytes.Repeat([]byte{byte(slices.Index(recs, r.st) + 1)}, int(r.st.rec.size))
+						if !bytes.Equal(data[k], want) {
+							t.Fatalf("budget %d: %s read wrong", max, r.name)
+						}
+					}
+					n += len(g)
+				}
+				if n != len(run) {
+					t.Fatalf("budget %d: the groups hold %d records of %d", max, n, len(run))
+				}
+			}
+		})
+	}
+}
+
+func identity(n int) []int {
+	p := make([]int, n)
+	for i := range p {
+		p[i] = i
+	}
+	return p
+}
+
+func reversed(n int) []int {
+	p := identity(n)
+	slices.Reverse(p)
+	return p
 }
