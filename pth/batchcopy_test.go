@@ -140,9 +140,9 @@ func TestBatchGroupsFit(t *testing.T) {
 		gap  func(i int) int64 // bytes before record i
 		perm func(n int) []int // the plan's order of the records
 	}{
-		{"in order, close", func(int) int64 { return 30 }, identity},
-		{"in order, far apart", func(int) int64 { return batchGap + 1 }, identity},
-		{"reversed", func(int) int64 { return 30 }, reversed},
+		{"in order, close", func(int) int64 { return 30 }, inOrder},
+		{"in order, far apart", func(int) int64 { return batchGap + 1 }, inOrder},
+		{"reversed", func(int) int64 { return 30 }, inReverse},
 		{"interleaved", func(i int) int64 { return int64(i%3) * batchGap }, func(n int) []int {
 			p := []int{}
 			for i := 0; i < n; i += 2 {
@@ -194,6 +194,13 @@ func TestBatchGroupsFit(t *testing.T) {
 						if !bytes.Equal(data[k], want) {
 							t.Fatalf("budget %d: %s read wrong", max, r.name)
 						}
+						// Where a read starts, its offset in the buffer
+						// (what is left of the buffer's capacity says).
+						if k == 0 || !readTogether(g[k-1].st.rec, r.st.rec) {
+							if at := cap(buf) - cap(data[k]); at%copyAlign != 0 {
+								t.Errorf("budget %d: %s read to offset %d of its buffer", max, r.name, at)
+							}
+						}
 					}
 					n += len(g)
 				}
@@ -205,7 +212,14 @@ func TestBatchGroupsFit(t *testing.T) {
 	}
 }
 
-func identity(n int) []int {
+// readTogether reports whether readBatch reads b in the same read as a,
+// the record before it in the group.
+func readTogether(a, b record) bool {
+	gap := b.offset - (a.offset + a.size)
+	return gap >= 0 && gap <= batchGap
+}
+
+func inOrder(n int) []int {
 	p := make([]int, n)
 	for i := range p {
 		p[i] = i
@@ -213,8 +227,8 @@ func identity(n int) []int {
 	return p
 }
 
-func reversed(n int) []int {
-	p := identity(n)
+func inReverse(n int) []int {
+	p := inOrder(n)
 	slices.Reverse(p)
 	return p
 }
