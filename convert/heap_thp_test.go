@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"unsafe"
 )
@@ -37,8 +38,8 @@ func TestHugeHeap(t *testing.T) {
 		}
 	}
 	var advised, flags string
-	var huge, lo, hi, fallback int64
-	if _, err := fmt.Sscanf(line, "hugeheap advised=%s flags=%s anonhuge=%d lo=%d hi=%d fallback=%d", &advised, &flags, &huge, &lo, &hi, &fallback); err != nil {
+	var huge, lo, hi, fallback, collapsed int64
+	if _, err := fmt.Sscanf(line, "hugeheap advised=%s flags=%s anonhuge=%d lo=%d hi=%d fallback=%d collapsed=%d", &advised, &flags, &huge, &lo, &hi, &fallback, &collapsed); err != nil {
 		t.Fatalf("child's report %q: %v\n%s", line, err, out)
 	}
 	if advised == "no" {
@@ -52,6 +53,18 @@ func TestHugeHeap(t *testing.T) {
 		t.Logf("THP is off on this system (%s): only the advice is checked", strings.TrimSpace(string(mode)))
 		return
 	}
+	// The runtime's first pages, touched before the advice, collapsed
+	// (MADV_COLLAPSE, Linux 6.1; the kernel may also find no free huge
+	// page, which the fallback count does not see).
+	if collapsed <= 0 {
+		if collapsed == -2 {
+			t.Logf("the heap's first pages were not collapsed: the kernel found no free huge page (thp_collapse_alloc_failed)")
+		} else if kernelBefore(6, 1) {
+			t.Logf("the heap's first pages were not collapsed (a kernel before 6.1, without MADV_COLLAPSE)")
+		} else {
+			t.Errorf("right after hugeHeap, the mapping holding an earlier allocation has %d KB of huge pages: its first pages were not collapsed", collapsed)
+		}
+	}
 	if huge == 0 {
 		if fallback > 0 {
 			// The kernel tried and found no free huge page (memory too
@@ -63,14 +76,38 @@ func TestHugeHeap(t *testing.T) {
 	}
 }
 
+// kernelBefore reports whether the running kernel's version is below
+// major.minor (false where it cannot tell).
+func kernelBefore(major, minor int) bool {
+	var u syscall.Utsname
+	if syscall.Uname(&u) != nil {
+		return false
+	}
+	var b []byte
+	for _, c := range u.Release {
+		if c == 0 {
+			break
+		}
+		b = append(b, byte(c))
+	}
+	var ma, mi int
+	if _, err := fmt.Sscanf(string(b), "%d.%d", &ma, &mi); err != nil {
+		return false
+	}
+	return ma < major || ma == major && mi < minor
+}
+
 // thpFallbacks is /proc/vmstat's thp_fault_fallback (-1: unreadable).
-func thpFallbacks() int64 {
+func thpFallbacks() int64 { return vmstat("thp_fault_fallback") }
+
+// vmstat is the /proc/vmstat counter name (-1: unreadable).
+func vmstat(name string) int64 {
 	b, err := os.ReadFile("/proc/vmstat")
 	if err != nil {
 		return -1
 	}
 	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "thp_fault_fallback "); ok {
+		if v, ok := strings.CutPrefix(l, name+" "); ok {
 			n, _ := strconv.ParseInt(v, 10, 64)
 			return n
 		}
@@ -79,9 +116,17 @@ func thpFallbacks() int64 {
 }
 
 // hugeHeapChild advises the heap, allocates and touches 8 MB, and prints
-// the smaps entry of the mapping that holds it.
+// the smaps entry of the mapping that holds it, and that of the mapping
+// holding an allocation made before hugeHeap (collapsed: its huge pages
+// right after hugeHeap).
 func hugeHeapChild() {
+	early := new([64]byte)
+	failed := vmstat("thp_collapse_alloc_failed")
 	lo, hi := hugeHeap(hugeHeapBytes)
+	_, collapsed := smapsOf(uint64(uintptr(unsafe.Pointer(early))))
+	if failed >= 0 && vmstat("thp_collapse_alloc_failed") > failed {
+		collapsed = -2 // the kernel found no free huge page
+	}
 	fallback := thpFallbacks()
 	b := make([]byte, 8<<20)
 	for i := range b {
@@ -90,16 +135,23 @@ func hugeHeapChild() {
 		}
 	}
 	fallback = thpFallbacks() - fallback
-	p := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b))))
 	advised := "yes"
 	if lo == 0 && hi == 0 {
 		advised = "no"
 	}
-	flags, huge := "none", int64(-1)
+	flags, huge := smapsOf(uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b)))))
+	fmt.Printf("hugeheap advised=%s flags=%s anonhuge=%d lo=%d hi=%d fallback=%d collapsed=%d\n", advised, flags, huge, lo, hi, fallback, collapsed)
+	runtime.KeepAlive(b)
+	runtime.KeepAlive(early)
+}
+
+// smapsOf returns the VmFlags and AnonHugePages (KB) of the mapping of
+// /proc/self/smaps that holds address p ("none", -1: none found).
+func smapsOf(p uint64) (flags string, huge int64) {
+	flags, huge = "none", -1
 	f, err := os.Open("/proc/self/smaps")
 	if err != nil {
-		fmt.Println("hugeheap error", err)
-		return
+		return flags, huge
 	}
 	defer f.Close()
 	in := false
@@ -123,6 +175,5 @@ func hugeHeapChild() {
 			flags = strings.Join(fields[1:], ",")
 		}
 	}
-	fmt.Printf("hugeheap advised=%s flags=%s anonhuge=%d lo=%d hi=%d fallback=%d\n", advised, flags, huge, lo, hi, fallback)
-	runtime.KeepAlive(b)
+	return flags, huge
 }
