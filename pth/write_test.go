@@ -523,3 +523,36 @@ func TestWriteLeavesNoBlocksPastTheEnd(t *testing.T) {
 	}
 	outputtest.NoBlocksPastEnd(t, out)
 }
+
+// TestRecordEnd: where recordEnd, which measures a record's local header
+// and descriptor without building them, says a record ends is where
+// begin, its data and finish leave the writer, for names of every length
+// modulo the alignment, at offsets around it, with and without zip64.
+func TestRecordEnd(t *testing.T) {
+	for _, force64 := range []bool{false, true} {
+		for _, size := range []int64{0, 1, 63, 64, 1000} {
+			for nameLen := 1; nameLen <= 2*zipAlign; nameLen++ {
+				for _, start := range []int64{0, 1, 17, zipAlign - 1, 3*zipAlign + 5} {
+					var out bytes.Buffer
+					out.Write(make([]byte, start))
+					z := newZipWriter(&out)
+					z.off, z.force64 = start, force64
+					name := strings.Repeat("n", nameLen)
+					want := z.recordEnd(name, size, start)
+					e, err := z.begin(name, size)
+					if err != nil {
+						t.Fatal(err)
+					}
+					z.w.Write(make([]byte, size))
+					z.off += size
+					if err := z.finish(e, 0); err != nil {
+						t.Fatal(err)
+					}
+					if z.off != want || int64(out.Len()) != want {
+						t.Fatalf("zip64 %v, %d bytes named %d bytes at %d: recordEnd %d, written to %d (%d in the buffer)", force64, size, nameLen, start, want, z.off, out.Len())
+					}
+				}
+			}
+		}
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"slices"
 )
 
 // zipWriter writes an archive the way torch's own writer lays it out:
@@ -214,29 +215,14 @@ func (z *zipWriter) begin(name string, size int64) (zipEntry, error) {
 // name whose header starts at off, and returns its entry (data set, crc
 // not) and h.
 func (z *zipWriter) header(h []byte, name string, size, off int64) (zipEntry, []byte) {
-	e := zipEntry{name: name, off: off, size: size, zip64: z.force64 || size >= max32}
-	e.offset = z.force64 || e.off >= max32
+	e, pad := z.entry(name, size, off)
 	le := binary.LittleEndian
-	// On the stack: the padding is under zipAlign bytes, so the extra
-	// field (zip64's 20 bytes, 4 and the padding) fits; it is copied into h.
-	var eb [96]byte
-	extra := eb[:0]
 	version := uint16(20)
 	if e.zip64 {
 		version = 45
-		// Sizes are zero here: the data descriptor carries them.
-		extra = le.AppendUint16(extra, 0x0001)
-		extra = le.AppendUint16(extra, 16)
-		extra = le.AppendUint64(extra, 0)
-		extra = le.AppendUint64(extra, 0)
 	}
-	pad := int(headerPad(name, e.off, len(extra)))
-	extra = le.AppendUint16(extra, 0x4246)
-	extra = le.AppendUint16(extra, uint16(pad))
-	for i := 0; i < pad; i++ {
-		extra = append(extra, 'Z')
-	}
-	start := len(h)
+	// One allocation where h has no room, not one per append.
+	h = slices.Grow(h, int(e.data-off))
 	h = le.AppendUint32(h, 0x04034b50)
 	h = le.AppendUint16(h, version)
 	h = le.AppendUint16(h, flagDesc|flagUTF8)
@@ -252,11 +238,37 @@ func (z *zipWriter) header(h []byte, name string, size, off int64) (zipEntry, []
 		h = le.AppendUint32(h, 0)
 	}
 	h = le.AppendUint16(h, uint16(len(name)))
-	h = le.AppendUint16(h, uint16(len(extra)))
+	h = le.AppendUint16(h, uint16(int(e.data-off)-30-len(name)))
 	h = append(h, name...)
-	h = append(h, extra...)
-	e.data = off + int64(len(h)-start)
+	// The extra field: zip64's (sizes zero here: the data descriptor
+	// carries them), then the alignment field and its padding.
+	if e.zip64 {
+		h = le.AppendUint16(h, 0x0001)
+		h = le.AppendUint16(h, 16)
+		h = le.AppendUint64(h, 0)
+		h = le.AppendUint64(h, 0)
+	}
+	h = le.AppendUint16(h, 0x4246)
+	h = le.AppendUint16(h, uint16(pad))
+	for i := 0; i < pad; i++ {
+		h = append(h, 'Z')
+	}
 	return e, h
+}
+
+// entry is the entry of the local header header writes (data set, crc
+// not), and the padding of its extra field's alignment field, measured
+// without building it (recordEnd, on every record of the plan).
+func (z *zipWriter) entry(name string, size, off int64) (zipEntry, int) {
+	e := zipEntry{name: name, off: off, size: size, zip64: z.force64 || size >= max32}
+	e.offset = z.force64 || e.off >= max32
+	extra := 0
+	if e.zip64 {
+		extra = 20
+	}
+	pad := int(headerPad(name, e.off, extra))
+	e.data = off + 30 + int64(len(name)) + int64(extra+4+pad)
+	return e, pad
 }
 
 // headerPad is the padding of the local header of record name at off,
@@ -272,8 +284,8 @@ func headerPad(name string, off int64, extra int) int64 {
 // and finish would leave z.off (the same header and descriptor, built and
 // measured).
 func (z *zipWriter) recordEnd(name string, size, off int64) int64 {
-	e, _ := z.header(nil, name, size, off)
-	return e.data + size + int64(len(e.descriptor(nil)))
+	e, _ := z.entry(name, size, off)
+	return e.data + size + e.descriptorLen()
 }
 
 // seek makes the writer go on at off, a record's first byte: the writer
@@ -309,6 +321,7 @@ func (z *zipWriter) finish(e zipEntry, crc uint32) error {
 // data, and its CRC at byte 4.
 func (e zipEntry) descriptor(d []byte) []byte {
 	le := binary.LittleEndian
+	d = slices.Grow(d, int(e.descriptorLen()))
 	d = le.AppendUint32(d, 0x08074b50)
 	d = le.AppendUint32(d, e.crc)
 	if e.zip64 {
@@ -321,6 +334,14 @@ func (e zipEntry) descriptor(d []byte) []byte {
 	return d
 }
 
+// descriptorLen is the length of the data descriptor descriptor writes.
+func (e zipEntry) descriptorLen() int64 {
+	if e.zip64 {
+		return 24
+	}
+	return 16
+}
+
 // onlyWriter hides io.ReaderFrom so that io.CopyBuffer really goes through
 // the fixed buffer.
 type onlyWriter struct{ io.Writer }
@@ -329,27 +350,19 @@ type onlyWriter struct{ io.Writer }
 func (z *zipWriter) close() error {
 	le := binary.LittleEndian
 	cdStart := z.off
+	// The whole directory in one buffer, one write: an entry at a time,
+	// each grown from nothing, it was 4,000 allocations on densenet201.
+	n := 0
 	for _, e := range z.entries {
-		var extra []byte
-		if e.zip64 || e.offset {
-			var fields []byte
-			if e.zip64 {
-				fields = le.AppendUint64(fields, uint64(e.size))
-				fields = le.AppendUint64(fields, uint64(e.size))
-			}
-			if e.offset {
-				fields = le.AppendUint64(fields, uint64(e.off))
-			}
-			extra = le.AppendUint16(extra, 0x0001)
-			extra = le.AppendUint16(extra, uint16(len(fields)))
-			extra = append(extra, fields...)
-		}
+		n += 46 + len(e.name) + 28
+	}
+	h := make([]byte, 0, n)
+	for _, e := range z.entries {
+		h = le.AppendUint32(h, 0x02014b50)
 		version := uint16(20)
 		if e.zip64 || e.offset {
 			version = 45
 		}
-		var h []byte
-		h = le.AppendUint32(h, 0x02014b50)
 		h = le.AppendUint16(h, version) // made by: MS-DOS, spec version
 		h = le.AppendUint16(h, version)
 		h = le.AppendUint16(h, flagDesc|flagUTF8)
@@ -364,8 +377,20 @@ func (z *zipWriter) close() error {
 			h = le.AppendUint32(h, uint32(e.size))
 			h = le.AppendUint32(h, uint32(e.size))
 		}
+		// The zip64 extra field: sizes (zip64), then the offset.
+		fields := 0
+		if e.zip64 {
+			fields += 16
+		}
+		if e.offset {
+			fields += 8
+		}
+		extra := 0
+		if fields > 0 {
+			extra = 4 + fields
+		}
 		h = le.AppendUint16(h, uint16(len(e.name)))
-		h = le.AppendUint16(h, uint16(len(extra)))
+		h = le.AppendUint16(h, uint16(extra))
 		h = le.AppendUint16(h, 0) // comment
 		h = le.AppendUint16(h, 0) // disk
 		h = le.AppendUint16(h, 0) // internal attributes
@@ -376,10 +401,20 @@ func (z *zipWriter) close() error {
 			h = le.AppendUint32(h, uint32(e.off))
 		}
 		h = append(h, e.name...)
-		h = append(h, extra...)
-		if err := z.write(h); err != nil {
-			return err
+		if fields > 0 {
+			h = le.AppendUint16(h, 0x0001)
+			h = le.AppendUint16(h, uint16(fields))
+			if e.zip64 {
+				h = le.AppendUint64(h, uint64(e.size))
+				h = le.AppendUint64(h, uint64(e.size))
+			}
+			if e.offset {
+				h = le.AppendUint64(h, uint64(e.off))
+			}
 		}
+	}
+	if err := z.write(h); err != nil {
+		return err
 	}
 	cdEnd := z.off
 	count := len(z.entries)
