@@ -2,6 +2,8 @@ package rewrite
 
 import (
 	"math"
+	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/abnconvert/abnconvert/graph"
@@ -95,5 +97,30 @@ func testCacheAcrossPasses(t *testing.T, w *graph.MemWeights, ts *tensors) {
 	}
 	if ts.changed["b"] {
 		t.Errorf("b written again by a pass that left it as it was")
+	}
+}
+
+// TestAppendTrue: appendTrue gives the indices a loop over every entry
+// gives, for lengths around its eight-entry words and densities from none
+// to all.
+func TestAppendTrue(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for n := 0; n <= 70; n++ {
+		for _, p := range []float64{0, 0.02, 0.11, 0.5, 0.9, 1} {
+			b := make([]bool, n)
+			for i := range b {
+				b[i] = r.Float64() < p
+			}
+			var want []int
+			for i, on := range b {
+				if on {
+					want = append(want, i)
+				}
+			}
+			got := appendTrue([]int{-1}, b)
+			if got[0] != -1 || !slices.Equal(got[1:], want) {
+				t.Fatalf("n %d, density %g: appendTrue gives %v after the -1 it was given, want %v", n, p, got, want)
+			}
+		}
 	}
 }
