@@ -4,7 +4,9 @@ import (
 	"archive/zip"
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -299,4 +301,72 @@ func TestDeflated(t *testing.T) {
 	}
 	readZip(t, out)
 	verifyWithTorch(t, c, out)
+}
+
+// TestFirstInvalid: FirstInvalid finds the element a loop over the
+// decoded values finds (not finite; or below zero, -0 excepted, where
+// asked), on a float32 vector written to a checkpoint with each kind of
+// bad value at each place (tested as its bytes lie), and on every tensor
+// of every dtype of a fixture torch wrote (decoded).
+func TestFirstInvalid(t *testing.T) {
+	naive := func(v []float64, nonNegative bool) (int, bool) {
+		for i, x := range v {
+			if x-x != 0 || nonNegative && x < 0 {
+				return i, true
+			}
+		}
+		return 0, false
+	}
+	dir := t.TempDir()
+	const key = "1.running_var"
+	bad := []float64{math.NaN(), math.Inf(1), math.Inf(-1), math.Copysign(0, -1), -1e-40, -2, math.SmallestNonzeroFloat32, 0, 3}
+	n := 0
+	for at := 0; at < 4; at++ {
+		for _, x := range bad {
+			n++
+			c := openFixture(t, "convbn_zip")
+			v := []float64{1, 0.5, 2, 4}
+			v[at] = x
+			if err := c.SetValues(key, v); err != nil {
+				t.Fatal(err)
+			}
+			p := filepath.Join(dir, fmt.Sprintf("v%d.pth", n))
+			if err := c.Write(p, WriteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			d, err := Open(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			stored, err := d.Values(key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, nonNeg := range []bool{false, true} {
+				i, found, err := d.FirstInvalid(key, nonNeg)
+				wi, wfound := naive(stored, nonNeg)
+				if err != nil || found != wfound || found && i != wi {
+					t.Errorf("%v at %d (stored %v), nonNegative %v: FirstInvalid %d %v %v, want %d %v", x, at, stored, nonNeg, i, found, err, wi, wfound)
+				}
+			}
+			d.Close()
+		}
+	}
+	c := openFixture(t, "dtypes")
+	for _, k := range c.Keys() {
+		v, err := c.Values(k)
+		if err != nil {
+			continue // (a dtype without real values: FirstInvalid fails too)
+		}
+		for _, nonNeg := range []bool{false, true} {
+			i, found, err := c.FirstInvalid(k, nonNeg)
+			wi, wfound := naive(v, nonNeg)
+			if err != nil || found != wfound || found && i != wi {
+				t.Errorf("%s, nonNegative %v: FirstInvalid %d %v %v, want %d %v", k, nonNeg, i, found, err, wi, wfound)
+			}
+		}
+	}
+	if _, _, err := c.FirstInvalid("no.such", false); err == nil {
+		t.Error("FirstInvalid of a key the state dict lacks: no error")
+	}
 }

@@ -296,6 +296,45 @@ func (c *Checkpoint) AppendValues(dst []float64, key string) ([]float64, error) 
 	return v, nil
 }
 
+// FirstInvalid returns the index of the first element of key's tensor
+// that is not finite, or, where nonNegative, that is below zero, and
+// true; false where every element passes. A float32 tensor's bytes are
+// tested as they lie, without decoding them (validation tests every BN
+// vector before the rewrite: 520,000 values on densenet201, whose
+// decoding was 0.6 ms of validation's 1.0); any other is decoded.
+func (c *Checkpoint) FirstInvalid(key string, nonNegative bool) (int, bool, error) {
+	t, ok := c.Tensor(key)
+	if !ok {
+		return 0, false, fmt.Errorf("%s: no tensor %q in the state dict", c.Path, key)
+	}
+	lo, hi := t.span()
+	if t.pending != nil || t.negate != nil || t.DType() != Float32 || !t.Contiguous() || hi-lo != t.Numel() {
+		v, err := c.AppendValues(nil, key)
+		if err != nil {
+			return 0, false, err
+		}
+		for i, x := range v {
+			if x-x != 0 || nonNegative && x < 0 {
+				return i, true, nil
+			}
+		}
+		return 0, false, nil
+	}
+	raw, err := c.readRange(t.Storage, int64(lo)*4, int64(hi-lo)*4)
+	if err != nil {
+		return 0, false, fmt.Errorf("%s: tensor %q: %w", c.Path, key, err)
+	}
+	for i := 0; i+4 <= len(raw); i += 4 {
+		b := binary.LittleEndian.Uint32(raw[i:])
+		// Exponent all ones: an infinity or a NaN. Sign set on
+		// anything but -0: below zero.
+		if b&0x7f800000 == 0x7f800000 || nonNegative && b > 0x80000000 {
+			return i / 4, true, nil
+		}
+	}
+	return 0, false, nil
+}
+
 // TensorValues decodes any tensor of the checkpoint (optimizer buffers
 // included) into float64, row-major.
 func (c *Checkpoint) TensorValues(t *Tensor) ([]float64, error) {
