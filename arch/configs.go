@@ -275,7 +275,9 @@ type view struct {
 }
 
 func newView(w graph.Weights, keys []string, prefix string) view {
-	v := view{shapes: map[string][]int{}, orig: map[string]string{}}
+	// Sized for every key: grown from empty, the maps were rehashed
+	// several times over (a view is made per candidate prefix).
+	v := view{shapes: make(map[string][]int, len(keys)), orig: make(map[string]string, len(keys))}
 	for _, k := range keys {
 		if !strings.HasPrefix(k, prefix) {
 			continue

@@ -46,7 +46,7 @@ func (c *Checkpoint) lazyNegatable(t *Tensor) bool {
 // changes values, never the tree's shape, so it is counted once.
 func (c *Checkpoint) storageUsers() map[*Storage]int {
 	if c.users == nil {
-		c.users = map[*Storage]int{}
+		c.users = make(map[*Storage]int, len(c.storages))
 		walkTensors(c.Root, map[any]bool{}, func(t *Tensor) { c.users[t.Storage]++ })
 	}
 	return c.users

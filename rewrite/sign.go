@@ -348,7 +348,12 @@ type siteVecs struct {
 }
 
 func newFolder(st *State) *folder {
-	f := &folder{users: map[string]int{}, prods: map[*graph.Node]*producerKeys{}, sites: map[*site]*siteVecs{}}
+	n := 0
+	for _, nd := range st.g.Nodes {
+		n += len(nd.Params)
+	}
+	// Sized once: grown from empty they were rehashed as they filled.
+	f := &folder{users: make(map[string]int, n), prods: map[*graph.Node]*producerKeys{}, sites: make(map[*site]*siteVecs, len(st.sites))}
 	for _, n := range st.g.Nodes {
 		for _, k := range n.Params {
 			f.users[k]++
