@@ -35,6 +35,14 @@ func TestPickleAheadUsed(t *testing.T) {
 			if !bytes.Equal(ahead.res.data, want.data) || !slices.Equal(ahead.res.globals, want.globals) || ahead.res.memo != want.memo {
 				t.Error("the scan ahead differs from the scan of the record")
 			}
+			// Its size, which bounds the scan's buffers, from the
+			// directory's first entry.
+			if n, ok := c.pickleSize(ahead.name); !ok || n != int64(len(want.data)) {
+				t.Errorf("pickleSize: %d, %v; want the pickle's %d bytes", n, ok, len(want.data))
+			}
+			if _, ok := c.pickleSize(ahead.name + "x"); ok {
+				t.Error("pickleSize gave a size for a name the first entry does not have")
+			}
 		})
 	}
 }
