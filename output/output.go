@@ -470,6 +470,35 @@ func (f *File) WriteAt(p []byte, off int64) (int, error) {
 	return n, nil
 }
 
+// WriteVecAt is WriteAt of bufs' bytes, one after the other from off, in as
+// few pwritev(2) calls as the kernel allows: a copy that writes a range of
+// the file out of several pieces (record headers, bytes mapped from its
+// input, bytes it changed) hands them to the kernel in one write, without
+// gathering them into one buffer. Under an injected fault it is WriteAt of
+// each.
+func (f *File) WriteVecAt(bufs [][]byte, off int64) (int, error) {
+	if fw, ok := f.w.(*faultWriter); ok {
+		total := 0
+		for _, b := range bufs {
+			f.wmu.Lock()
+			n, err := fw.writeAt(f.f, b, off+int64(total))
+			f.wmu.Unlock()
+			total += n
+			if err != nil {
+				return total, cause(err)
+			}
+		}
+		return total, nil
+	}
+	f.wmu.Lock()
+	n, err := pwritev(f.f, bufs, off)
+	f.wmu.Unlock()
+	if err != nil {
+		return n, cause(err)
+	}
+	return n, nil
+}
+
 // MoveTo moves where appending goes on to off, after writing what the
 // buffer holds: a writer that leaves a range to fill in later (package
 // pth's Prewrite, whose copy writes the records a conversion may still

@@ -336,3 +336,64 @@ func TestEditInPlace(t *testing.T) {
 		t.Fatalf("after Rewind: %q, %v; want \"new\"", got, err)
 	}
 }
+
+// TestWriteVecAt: pieces written at an offset in one vectored write (more
+// than the kernel takes in one call, and empty ones), over bytes appended
+// and past them, leave appending where it was; under an injected fault
+// the write fails after the bytes the fault allows.
+func TestWriteVecAt(t *testing.T) {
+	for _, fault := range []bool{false, true} {
+		dir := t.TempDir()
+		p := filepath.Join(dir, "v.bin")
+		if fault {
+			defer InjectFault("v.bin", 5000, syscall.ENOSPC)()
+		}
+		s := New(Options{})
+		f, err := s.Create(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.Write([]byte("0123456789")); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		var bufs [][]byte
+		var want []byte
+		for i := 0; i < 2500; i++ {
+			b := make([]byte, i%5)
+			for k := range b {
+				b[k] = byte(i*7 + k)
+			}
+			bufs = append(bufs, b)
+			want = append(want, b...)
+		}
+		n, err := f.WriteVecAt(bufs, 4)
+		if fault {
+			if err == nil || !errors.Is(err, syscall.ENOSPC) {
+				t.Errorf("WriteVecAt under a fault: %d, %v; want ENOSPC", n, err)
+			}
+			s.Abort()
+			continue
+		}
+		if err != nil || n != len(want) {
+			t.Fatalf("WriteVecAt: %d, %v; want %d", n, err, len(want))
+		}
+		if _, err := f.Write([]byte("ab")); err != nil { // appending goes on at 10
+			t.Fatal(err)
+		}
+		if err := s.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		got, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		full := append([]byte("0123"), want...)
+		copy(full[10:], "ab")
+		if !bytes.Equal(got, full) {
+			t.Fatalf("file holds %d bytes, want %d", len(got), len(full))
+		}
+	}
+}
