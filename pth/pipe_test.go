@@ -102,7 +102,8 @@ func TestZipWriterLargeRecords(t *testing.T) {
 // checkpoint, and the copy writes the same bytes whichever it chose, with
 // negations too. Under mapProbeMin it does not probe: reads.
 func TestChooseMaps(t *testing.T) {
-	defer func(min int64) { mapProbe, mapProbeMin = false, min }(mapProbeMin)
+	defer func(min int64) { mapProbe, mapProbeMin, chunkCopy = false, min, true }(mapProbeMin)
+	chunkCopy = false // the record by record copy's choice
 	dir := t.TempDir()
 	src := NewStateDict(filepath.Join(dir, "in.pth"))
 	big := make([]float64, 3<<18) // 3 MiB of float32: past the 1 MiB a probed record needs

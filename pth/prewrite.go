@@ -119,10 +119,25 @@ const (
 // 1 ms on densenet201), on the other core, while when decides (convert's
 // reads the BN weights, another millisecond); it waits for the answers
 // before it writes a record.
+//
+// Where the chunked copy writes the records (writeChunked: an output file,
+// an input whose records lie stored in it), when is not asked: every
+// record is written at once, and those whose negations or new contents
+// come out after it was written are written over as soon as they do,
+// beside the conversion, by the copy, which ends no sooner than the
+// signs settle.
 func (c *Checkpoint) PrewriteLater(set *output.Set, path string, when func(key string, shape []int) When) (*Prewrite, error) {
 	p, err := c.prewrite(set, path, true)
 	if err != nil || p.plan == nil {
 		return p, err
+	}
+	if c.chunkable(p.z, p.plan) {
+		// The chunked copy writes every record at once, and over again
+		// those negated once the signs settle (writeChunked): when is
+		// not asked.
+		p.late.settled = make(chan struct{})
+		close(p.whenReady)
+		return p, nil
 	}
 	m := map[*Storage]When{}
 	for _, key := range c.Keys() {
@@ -146,7 +161,7 @@ func (c *Checkpoint) PrewriteLater(set *output.Set, path string, when func(key s
 // there will be, and lets it write the records it left until then. Only
 // its first call does anything.
 func (p *Prewrite) Settle() {
-	if p.plan == nil || p.late.when == nil {
+	if p.plan == nil || p.late.settled == nil {
 		return
 	}
 	p.late.settle(func() {
@@ -172,7 +187,7 @@ func (p *Prewrite) Settle() {
 // settle runs publish, then lets the copy write the records left until
 // the signs settle, the first time it is called.
 func (l *lateFlips) settle(publish func()) {
-	if l.when == nil {
+	if l.settled == nil {
 		return
 	}
 	l.settleOnce.Do(func() {
@@ -205,6 +220,7 @@ func (c *Checkpoint) prewrite(set *output.Set, path string, later bool) (*Prewri
 	p.late.taken = map[*Storage]*Tensor{}
 	if later {
 		p.whenReady = make(chan struct{})
+		p.late.allWritten = make(chan struct{})
 	}
 	p.z = newZipWriter(f)
 	p.hold = holdCopy
@@ -508,6 +524,13 @@ type lateFlips struct {
 	hold   chan struct{}
 	holdAt int
 	held   bool // the copy's: it has waited
+
+	// overwritten counts the records the chunked copy wrote again once
+	// their changes came out (overwriter), among those taken;
+	// allWritten, when not nil (PrewriteLater), is closed once it has
+	// written every record, before it waits for the signs to settle.
+	overwritten int
+	allWritten  chan struct{}
 }
 
 // took is the tensor whose negations the copy applied to st's record on

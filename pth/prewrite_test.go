@@ -61,10 +61,12 @@ var prewriteFixtures = []string{"dtypes.pth", "views.pth", "shared.pth", "convbn
 // afterwards, in spans of up to editSpan bytes), and where the changes
 // change the layout (written again).
 func TestPrewriteSameBytes(t *testing.T) {
-	defer func(buf, span int64) {
+	defer func(buf, span, chunk int64) {
 		mapCopy, batchCopy, batchBuf, editSpan, holdCopy, holdCopyAt = true, true, buf, span, nil, 0
-	}(batchBuf, editSpan)
+		chunkCopy, chunkSourceFor, chunkLen = true, chunkAuto, chunk
+	}(batchBuf, editSpan, chunkLen)
 	var taken, patched, rewound, midway, startedNegated, renegated, dataTaken int
+	var chunkTaken, chunkOver, chunkPatched int // the chunked copy's paths
 	for _, name := range prewriteFixtures {
 		path := filepath.Join("testdata", name)
 		want, wantAgain, again, keys := referenceBytes(t, path)
@@ -73,16 +75,25 @@ func TestPrewriteSameBytes(t *testing.T) {
 			name            string
 			mapped, batched bool
 			buf, span       int64
+			chunked         chunkSource // 0: record by record
+			chunk           int64
 		}{
-			{"mapped", true, true, batchBuf, editSpan},
-			{"batched", false, true, batchBuf, editSpan},
-			{"batched in 1 KiB groups, 100-byte edit spans", false, true, 1 << 10, 100},
-			{"one by one", false, false, batchBuf, editSpan},
+			{"mapped", true, true, batchBuf, editSpan, 0, 0},
+			{"batched", false, true, batchBuf, editSpan, 0, 0},
+			{"batched in 1 KiB groups, 100-byte edit spans", false, true, 1 << 10, 100, 0, 0},
+			{"one by one", false, false, batchBuf, editSpan, 0, 0},
+			{"chunked from a map", true, true, batchBuf, editSpan, chunkFromMap, chunkLen},
+			{"chunked from a map in 300-byte chunks", true, true, batchBuf, editSpan, chunkFromMap, 300},
+			{"chunked from reads in 300-byte chunks", true, true, batchBuf, 100, chunkFromReads, 300},
 		} {
 			for _, when := range []string{"copy done first", "negations first", "negations midway", "started after half the changes", "negated again after the start"} {
 				early := when == "negations first"
 				t.Run(name+"/"+mode.name+"/"+when, func(t *testing.T) {
 					mapCopy, batchCopy, batchBuf, editSpan = mode.mapped, mode.batched, mode.buf, mode.span
+					chunkCopy, chunkSourceFor = mode.chunked != 0, mode.chunked
+					if mode.chunked != 0 {
+						chunkLen = mode.chunk
+					}
 					holdCopy, holdCopyAt = nil, 0
 					if early {
 						holdCopy = make(chan struct{})
@@ -166,6 +177,19 @@ func TestPrewriteSameBytes(t *testing.T) {
 					default:
 						patched++
 					}
+					if mode.chunked != 0 && p.plan != nil && !p.rewound {
+						switch {
+						case p.late.overwritten > 0:
+							chunkOver++
+						case len(p.late.taken) > 0:
+							chunkTaken++
+						default:
+							chunkPatched++
+						}
+					}
+					if mode.chunked == 0 && p.late.overwritten > 0 {
+						t.Errorf("%d records written over by a copy made record by record", p.late.overwritten)
+					}
 					if n := len(p.late.takenData); n > 0 && !p.rewound {
 						dataTaken++
 						if when == "copy done first" {
@@ -182,6 +206,9 @@ func TestPrewriteSameBytes(t *testing.T) {
 		}
 	}
 	// Each path was taken somewhere, or the test checks less than it says.
+	if chunkTaken == 0 || chunkOver == 0 || chunkPatched == 0 {
+		t.Errorf("the chunked copy's paths taken: changes taken on the way only %d, records written over %d, filled in afterwards %d: want each", chunkTaken, chunkOver, chunkPatched)
+	}
 	if taken == 0 || patched == 0 || rewound == 0 || midway == 0 || startedNegated == 0 || renegated == 0 || dataTaken == 0 {
 		t.Errorf("paths taken: negations on the way %d, filled in afterwards %d, rewritten %d, both in one run %d, "+
 			"negations in the copy's own plan %d, rewritten for negations changed after it %d, "+
@@ -269,43 +296,48 @@ func TestPrewriteCorruptRecord(t *testing.T) {
 	dir := t.TempDir()
 	c, _ := openCorrupted(t, dir, "1.running_mean", 2, []byte{0xde, 0xad})
 	out := filepath.Join(dir, "out.pth")
-	for _, mapped := range []bool{true, false} {
-		mapCopy = mapped
+	defer func() { mapCopy, chunkCopy, chunkSourceFor = true, true, chunkAuto }()
+	for _, chunked := range []chunkSource{0, chunkFromMap, chunkFromReads} {
+		for _, mapped := range []bool{true, false} {
+			mapCopy, chunkCopy, chunkSourceFor = mapped, chunked != 0, chunked
+			set := output.New(output.Options{})
+			p, err := c.Prewrite(set, out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = p.Finish()
+			if err == nil || !strings.Contains(err.Error(), "CRC-32") || !strings.Contains(err.Error(), out) {
+				t.Errorf("Finish (mapped %v, chunked %v) after copying a corrupt record: %v, want a CRC-32 error naming %s", mapped, chunked, err, out)
+			}
+			set.Abort()
+			assertOnly(t, dir, "in.pth")
+		}
+
+		// Left until the signs settle, it is copied by copyPlaced, or
+		// chunked at once.
+		mapCopy = true
 		set := output.New(output.Options{})
-		p, err := c.Prewrite(set, out)
+		p, err := c.PrewriteLater(set, out, func(string, []int) When { return Settled })
 		if err != nil {
 			t.Fatal(err)
 		}
+		p.Settle()
 		err = p.Finish()
 		if err == nil || !strings.Contains(err.Error(), "CRC-32") || !strings.Contains(err.Error(), out) {
-			t.Errorf("Finish (mapped %v) after copying a corrupt record: %v, want a CRC-32 error naming %s", mapped, err, out)
+			t.Errorf("Finish (chunked %v) after placing a corrupt record: %v, want a CRC-32 error naming %s", chunked, err, out)
 		}
 		set.Abort()
 		assertOnly(t, dir, "in.pth")
 	}
-	mapCopy = true
-
-	// Left until the signs settle, it is copied by copyPlaced.
-	set := output.New(output.Options{})
-	p, err := c.PrewriteLater(set, out, func(string, []int) When { return Settled })
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.Settle()
-	err = p.Finish()
-	if err == nil || !strings.Contains(err.Error(), "CRC-32") || !strings.Contains(err.Error(), out) {
-		t.Errorf("Finish after placing a corrupt record: %v, want a CRC-32 error naming %s", err, out)
-	}
-	set.Abort()
-	assertOnly(t, dir, "in.pth")
+	mapCopy, chunkCopy, chunkSourceFor = true, true, chunkAuto
 
 	good, err := Open(filepath.Join("testdata", "convbn_zip.pth"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer good.Close()
-	set = output.New(output.Options{})
-	p, err = good.Prewrite(set, out)
+	set := output.New(output.Options{})
+	p, err := good.Prewrite(set, out)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -324,8 +356,11 @@ func TestPrewriteCorruptRecord(t *testing.T) {
 // afterwards (written over with the difference), and where every change
 // comes after Settle. A copy stopped while it waits for Settle ends.
 func TestPrewriteLaterSameBytes(t *testing.T) {
-	defer func(buf, piece int64) { mapCopy, batchCopy, batchBuf, placedPiece = true, true, buf, piece }(batchBuf, placedPiece)
-	var takenAtSettle, againAfterTaken int
+	defer func(buf, piece, chunk int64) {
+		mapCopy, batchCopy, batchBuf, placedPiece = true, true, buf, piece
+		chunkCopy, chunkSourceFor, chunkLen = true, chunkAuto, chunk
+	}(batchBuf, placedPiece, chunkLen)
+	var takenAtSettle, againAfterTaken, overAtSettle int
 	for _, name := range prewriteFixtures {
 		path := filepath.Join("testdata", name)
 		want, wantAgain, again, _ := referenceBytes(t, path)
@@ -333,11 +368,15 @@ func TestPrewriteLaterSameBytes(t *testing.T) {
 			name            string
 			mapped, batched bool
 			buf, piece      int64
+			chunked         chunkSource // 0: record by record, placed once settled
+			chunk           int64
 		}{
-			{"mapped", true, true, batchBuf, placedPiece},
-			{"batched", false, true, batchBuf, placedPiece},
-			{"batched in 1 KiB groups, placed in 100-byte pieces", false, true, 1 << 10, 100},
-			{"one by one", false, false, batchBuf, placedPiece},
+			{"mapped", true, true, batchBuf, placedPiece, 0, 0},
+			{"batched", false, true, batchBuf, placedPiece, 0, 0},
+			{"batched in 1 KiB groups, placed in 100-byte pieces", false, true, 1 << 10, 100, 0, 0},
+			{"one by one", false, false, batchBuf, placedPiece, 0, 0},
+			{"chunked from a map", true, true, batchBuf, placedPiece, chunkFromMap, chunkLen},
+			{"chunked from reads in 200-byte chunks", true, true, batchBuf, placedPiece, chunkFromReads, 200},
 		} {
 			for _, which := range []string{"every other tensor", "every tensor"} {
 				when := func(key string, shape []int) When {
@@ -346,9 +385,13 @@ func TestPrewriteLaterSameBytes(t *testing.T) {
 					}
 					return Now
 				}
-				for _, how := range []string{"changed, settled", "changed, never settled", "changed, settled, negated again", "settled, changed", "stopped before settling"} {
+				for _, how := range []string{"changed, settled", "copied, changed, settled", "changed, never settled", "changed, settled, negated again", "settled, changed", "stopped before settling"} {
 					t.Run(name+"/"+mode.name+"/"+which+"/"+how, func(t *testing.T) {
 						mapCopy, batchCopy, batchBuf, placedPiece = mode.mapped, mode.batched, mode.buf, mode.piece
+						chunkCopy, chunkSourceFor = mode.chunked != 0, mode.chunked
+						if mode.chunked != 0 {
+							chunkLen = mode.chunk
+						}
 						c, err := Open(path)
 						if err != nil {
 							t.Fatal(err)
@@ -363,8 +406,11 @@ func TestPrewriteLaterSameBytes(t *testing.T) {
 							t.Fatal(err)
 						}
 						defer p.Stop()
-						if p.plan != nil && len(p.late.when) == 0 {
+						if p.plan != nil && len(p.late.when) == 0 && mode.chunked == 0 {
 							t.Fatal("no record left until Settle")
+						}
+						if mode.chunked != 0 && len(p.late.when) != 0 {
+							t.Fatal("records left until Settle by the chunked copy, which writes them at once")
 						}
 						want := want
 						switch how {
@@ -377,6 +423,20 @@ func TestPrewriteLaterSameBytes(t *testing.T) {
 									takenAtSettle++
 									break
 								}
+							}
+
+						case "copied, changed, settled":
+							if mode.chunked != 0 && p.plan != nil {
+								select { // every record written as it was
+								case <-p.late.allWritten:
+								case <-p.done:
+								}
+							}
+							changeSome(t, c)
+							p.Settle()
+							<-p.done
+							if mode.chunked != 0 && p.late.overwritten > 0 {
+								overAtSettle++ // and written over once the signs settled
 							}
 						case "changed, never settled":
 							changeSome(t, c)
@@ -423,8 +483,8 @@ func TestPrewriteLaterSameBytes(t *testing.T) {
 		}
 	}
 	// Each path was taken somewhere, or the test checks less than it says.
-	if takenAtSettle == 0 || againAfterTaken == 0 {
-		t.Errorf("records left that took the negations at Settle: %d runs; negated again after that: %d runs; want each", takenAtSettle, againAfterTaken)
+	if takenAtSettle == 0 || againAfterTaken == 0 || overAtSettle == 0 {
+		t.Errorf("records left that took the negations at Settle: %d runs; negated again after that: %d runs; chunked and written over at Settle: %d runs; want each", takenAtSettle, againAfterTaken, overAtSettle)
 	}
 }
 

@@ -245,6 +245,17 @@ func (c *Checkpoint) writeBody(z *zipWriter, plan *writePlan, pkl []byte, late *
 		}
 		phases[w] = append(phases[w], i)
 	}
+	// Where the chunked copy can write them, every record is written at
+	// once, whatever its phase, and those negated or rewritten once the
+	// copy has passed them are written over whole (writeChunked): faster
+	// than leaving them until the signs settle (densenet201 trained
+	// median -1.7 ms, resnext101_32x8d -4.3, wide_resnet101_2 -6.7, CPU
+	// 6-12% less, 2026-12-06), since the copy's writes, then aligned
+	// chunks, cost about half as much per byte, and so does writing over
+	// what the page cache holds.
+	if c.chunkable(z, plan) {
+		return c.writeChunked(z, plan, late, stop)
+	}
 	if len(phases[Now]) == len(plan.storages) {
 		return c.writeRecords(z, plan, phases[Now], nil, batchInFlight, late, stop)
 	}
