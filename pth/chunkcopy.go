@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"runtime/debug"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -90,22 +91,33 @@ var chunkedFrom func(mapped bool)
 // measured 2026-12-02) it would take about 6 ms.
 var chunkMapSlow = time.Millisecond
 
-// outChunk is one chunk of writeChunked's output: its pieces, in order,
-// from at, and the memory they point into (besides the map and the
-// plan's new contents), reused once it is written.
+// outChunk is a batch of writeChunked's writes: pieces, written op by op,
+// each op's pieces in one pwritev at its offset, and the memory they point
+// into (besides the map and the plan's new contents), reused once they
+// are written. A chunk of the copy is one op, a chunkLen range of the
+// output; the writes over records written before their changes came out
+// are ops of chunks of their own.
 type outChunk struct {
-	at     int64
+	at     int64 // the output offset of the copy's next piece
 	pieces [][]byte
+	ops    []chunkOp
 	arena  []byte // headers and descriptors
 	flips  []byte // bytes of negated channels, flipped
-	data   []byte // bytes read from the input (chunkFromReads)
+	data   []byte // bytes read from the input (chunkFromReads, or released from the map)
 	inPos  int64  // the input offset after its last mapped byte
-	ends   []*chunkEnd
+	last   bool   // every record is written once this chunk is
 	err    error
 }
 
-// chunkEnd is a record whose last byte lies in a chunk (or an earlier
-// one): once the chunk is written, the record is in the file.
+// chunkOp is one write of an outChunk: pieces[from:end] (from: the
+// previous op's end) at at.
+type chunkOp struct {
+	at  int64
+	end int
+}
+
+// chunkEnd is a record the copy has laid out in its chunks, as it was
+// written there.
 type chunkEnd struct {
 	s     *outStorage
 	entry int // its entry's index in z.entries
@@ -133,6 +145,16 @@ func room(b *[]byte, n int64) []byte {
 	return (*b)[int64(len(*b))-n:]
 }
 
+// scratch is how many bytes of flipped or read copies the chunk holds.
+func (ch *outChunk) scratch() int64 { return int64(len(ch.flips) + len(ch.data)) }
+
+// reset empties the chunk for its next use, keeping its memory.
+func (ch *outChunk) reset() {
+	clear(ch.pieces)
+	ch.pieces, ch.ops, ch.arena, ch.flips, ch.data = ch.pieces[:0], ch.ops[:0], ch.arena[:0], ch.flips[:0], ch.data[:0]
+	ch.inPos, ch.last, ch.err = 0, false, nil
+}
+
 // writeChunked writes the records of every storage of plan, in order,
 // from z.off on: the bytes writeRecords writes, but a chunk of the output
 // at a time rather than a record at a time, each chunk (chunkLen bytes,
@@ -141,7 +163,8 @@ func room(b *[]byte, n int64) []byte {
 // input (or read into the chunk where maps cost more: chunkMapSlow), the
 // negated channels from a flipped copy, new contents published meanwhile
 // from memory. The input's CRCs are checked on the way. A goroutine
-// prepares the chunks (CRCs, flips, reads) ahead of the writes.
+// prepares the chunks (CRCs, flips, reads) ahead of the writes, which
+// this one makes.
 //
 // Why: read into a buffer and written out of it record by record, a
 // record's bytes are copied twice, and the output's page cache is made
@@ -150,8 +173,10 @@ func room(b *[]byte, n int64) []byte {
 // chunks from a map 15-17, chunks read 19-22 (a test program, 2026-12-06).
 //
 // Negations and new contents published while it runs (late) are taken
-// as a record's first byte is reached; Finish edits the records written
-// before theirs were known.
+// as a record's first byte is reached, and the records written before
+// are written over as soon as their changes are out (chunker.patch):
+// where the copy ends before the signs settle (PrewriteLater), it waits
+// for them. Finish edits what comes out after it ended.
 func (c *Checkpoint) writeChunked(z *zipWriter, plan *writePlan, late *lateFlips, stop <-chan struct{}) error {
 	w := z.w.(vecAtWriter)
 	// The records' ends are checked against the file before it is
@@ -191,75 +216,64 @@ func (c *Checkpoint) writeChunked(z *zipWriter, plan *writePlan, late *lateFlips
 		chunkedFrom(m != nil)
 	}
 
-	start := z.off
 	full := make(chan *outChunk, chunksInFlight)
 	free := make(chan *outChunk, chunksInFlight+1)
 	for range chunksInFlight + 1 {
 		free <- &outChunk{}
 	}
 	quit := make(chan struct{})
-	var end int64
+	k := &chunker{c: c, z: z, m: m, late: late, full: full, free: free, quit: quit, stop: stop, pos: z.off}
 	go func() {
 		defer close(full)
-		end = c.prepareChunks(z, plan, m, start, late, full, free, quit, stop)
+		k.run(plan)
 	}()
 	var werr error
-	ow := overwriter{c: c, z: z, w: w, m: m, late: late, crcs: map[int]uint32{}}
 	for ch := range full {
 		if werr == nil {
 			werr = ch.err
 		}
 		if werr == nil {
-			var n int
-			n, werr = w.WriteVecAt(ch.pieces, ch.at)
-			if werr == nil && int64(n) != chunkBytes(ch.pieces) {
-				werr = fmt.Errorf("wrote %d bytes of %d", n, chunkBytes(ch.pieces))
-			}
-			if werr == nil {
-				werr = ow.written(ch.ends)
-			}
-			if werr != nil {
-				close(quit) // the preparer stops; what it sent is drained
+			from := 0
+			for _, op := range ch.ops {
+				pieces := ch.pieces[from:op.end]
+				from = op.end
+				n, err := w.WriteVecAt(pieces, op.at)
+				if err == nil && int64(n) != chunkBytes(pieces) {
+					err = fmt.Errorf("wrote %d bytes of %d", n, chunkBytes(pieces))
+				}
+				if err != nil {
+					werr = err
+					close(quit) // the chunker stops; what it sent is drained
+					break
+				}
 			}
 		}
 		// Release the map behind the copy. (The records come in the
 		// input's order; where one does not, its pages are only mapped
 		// again: a released range of a file's map reads the file again.)
-		if lo := ch.inPos &^ (2<<20 - 1); m != nil && lo >= ow.zapped+chunkWindow {
-			syscall.Madvise(m[ow.zapped:lo], syscall.MADV_DONTNEED)
-			ow.zapped = lo
+		if lo := ch.inPos &^ (chunkRelease - 1); m != nil && lo >= k.zapped.Load()+chunkRelease {
+			syscall.Madvise(m[k.zapped.Load():lo], syscall.MADV_DONTNEED)
+			k.zapped.Store(lo)
 		}
-		clear(ch.pieces)
-		clear(ch.ends)
-		ch.pieces, ch.arena, ch.flips, ch.data, ch.ends, ch.err = ch.pieces[:0], ch.arena[:0], ch.flips[:0], ch.data[:0], ch.ends[:0], nil
-		free <- ch
+		if ch.last && werr == nil && late != nil && late.allWritten != nil {
+			close(late.allWritten)
+		}
+		ch.reset()
+		select {
+		case free <- ch:
+		default: // one fail made: the chunker has ended
+		}
 	}
 	if werr != nil {
 		return werr
 	}
-	if late != nil && late.allWritten != nil {
-		close(late.allWritten)
-	}
-	// Ended before the signs settled (PrewriteLater): the negations are
-	// written over here as soon as they are out, beside the conversion's
-	// last passes, rather than edited by Finish after them, one read and
-	// one write a run of channels (densenet201 trained: 10-15 ms where
-	// its copy ended first).
-	if late != nil && late.settled != nil && len(ow.waiting) > 0 {
-		select {
-		case <-late.settled:
-		case <-stop:
-			return errStopped
-		}
-		if err := ow.written(nil); err != nil { // what is out by now
-			return err
-		}
-	}
-	for i, crc := range ow.crcs {
-		z.entries[i].crc = crc
-	}
-	return z.seek(end) // appending goes on after the records
+	return z.seek(k.end) // appending goes on after the records
 }
+
+// chunkRelease is the least writeChunked releases of the input's map at
+// once (MADV_DONTNEED), on multiples of it (of huge pages, which are then
+// dropped whole): each release flushes the other cores' TLBs.
+const chunkRelease = 4 << 20
 
 func chunkBytes(pieces [][]byte) int64 {
 	var n int64
@@ -282,209 +296,262 @@ func slowMap(m []byte, first int64) bool {
 	return time.Since(t) > chunkMapSlow
 }
 
-// errChunkQuit ends prepareChunks when the writer has failed.
+// errChunkQuit ends the chunker when the writer has failed.
 var errChunkQuit = errors.New("chunked copy stopped")
 
-// prepareChunks is writeChunked's goroutine: it lays the records out from
-// the output offset start, makes each chunk's pieces (from the map m, or
-// read from the file where m is nil) and sends the chunks on full, taking
-// their memory from free. It returns where the records end and their
-// entries appended to z's. A failure is sent as a chunk's err.
-func (c *Checkpoint) prepareChunks(z *zipWriter, plan *writePlan, m []byte, start int64, late *lateFlips, full, free chan *outChunk, quit, stop <-chan struct{}) (end int64) {
-	var ch *outChunk
-	pos := start
-	var inPos, populated int64
-	fail := func(err error) {
-		if ch == nil {
-			ch = &outChunk{}
-		}
-		ch.err = err
-		select {
-		case full <- ch:
-		case <-quit:
-		}
-	}
+// chunker is writeChunked's goroutine: it lays the records out from the
+// output offset pos, makes each chunk's pieces (from the map m, or read
+// from the file where m is nil) and sends the chunks on full, taking
+// their memory from free; and it makes the writes over the records laid
+// out before their changes came out (patch). A failure is sent as a
+// chunk's err.
+type chunker struct {
+	c          *Checkpoint
+	z          *zipWriter
+	m          []byte
+	late       *lateFlips
+	full       chan<- *outChunk
+	free       <-chan *outChunk
+	quit, stop <-chan struct{}
+	zapped     atomic.Int64 // the writer has released m below this input offset
+
+	ch               *outChunk
+	pos              int64 // the output offset after the pieces so far
+	inPos, populated int64 // input offsets: after the last mapped byte, the populated map
+	end              int64 // where the records end, once laid out
+
+	waiting []*chunkEnd // laid out before their changes, if any, were out
+	flips   *map[*Storage]*Tensor
+	data    *map[*Storage][]byte
+	hbuf    []byte // a header's or descriptor's bytes, copied into the chunks
+}
+
+func (k *chunker) run(plan *writePlan) {
 	// A file truncated under the map faults on access: that is the input
 	// changing while it is read, an error, not a crash.
 	debug.SetPanicOnFault(true) // this goroutine's own
 	defer func() {
 		if r := recover(); r != nil {
-			fail(fmt.Errorf("%s: reading it: the file changed or ended while it was read (%v)", c.Path, r))
+			k.fail(fmt.Errorf("%s: reading it: the file changed or ended while it was read (%v)", k.c.Path, r))
 		}
 	}()
-	next := func() error {
-		select {
-		case ch = <-free:
-		case <-quit:
-			return errChunkQuit
-		}
-		ch.at = pos
-		return nil
-	}
-	send := func() error {
-		ch.inPos = inPos
-		select {
-		case full <- ch:
-		case <-quit:
-			return errChunkQuit
-		}
-		ch = nil
-		return next()
-	}
-	// put adds n bytes of the output at pos to the chunk, cut into the
-	// parts [lo, hi) that lie in one chunk each (cut makes their pieces),
-	// sending the chunk each time pos reaches a multiple of chunkLen.
-	put := func(n int64, cut func(lo, hi int64) error) error {
-		for lo := int64(0); lo < n; {
-			hi := min(n, lo+chunkLen-pos%chunkLen)
-			if err := cut(lo, hi); err != nil {
-				return err
-			}
-			pos += hi - lo
-			lo = hi
-			if pos%chunkLen == 0 {
-				if err := send(); err != nil {
-					return err
-				}
-			}
-		}
-		return nil
-	}
-	// putBytes puts b, which stays as it is until the chunks are written
-	// (the plan's new contents); putCopy puts a copy of b, made in the
-	// arena of each chunk it lies in (a header, a descriptor: a chunk's
-	// arena is reused once it is written, and a header may lie across two).
-	putBytes := func(b []byte) error {
-		return put(int64(len(b)), func(lo, hi int64) error {
-			ch.pieces = append(ch.pieces, b[lo:hi])
-			return nil
-		})
-	}
-	putCopy := func(b []byte) error {
-		return put(int64(len(b)), func(lo, hi int64) error {
-			a := ch.hold(int(hi - lo))
-			copy(a, b[lo:hi])
-			ch.pieces = append(ch.pieces, a)
-			return nil
-		})
-	}
-	if err := next(); err != nil {
-		return 0
+	if err := k.next(); err != nil {
+		return
 	}
 	for _, s := range plan.storages {
 		select {
-		case <-stop:
-			fail(errStopped)
-			return 0
+		case <-k.stop:
+			k.fail(errStopped)
+			return
 		default:
 		}
-		if late != nil {
-			if err := late.wrote(z, stop); err != nil {
-				fail(err)
-				return 0
+		if k.late != nil {
+			if err := k.late.wrote(k.z, k.stop); err != nil {
+				k.fail(err)
+				return
 			}
 		}
-		end, err := c.chunkRecord(z, s, m, &pos, &inPos, &populated, late, &ch, put, putBytes, putCopy)
-		if err != nil {
-			if err != errChunkQuit {
-				fail(err)
-			}
-			return 0
+		if err := k.patch(); err != nil {
+			k.fail(err)
+			return
 		}
-		// In z's entries as each is prepared (the writer changes only
-		// CRCs, at the end): late.wrote counts them (the tests'
-		// holdCopyAt).
-		end.entry = len(z.entries)
-		z.entries = append(z.entries, end.e)
-		// With the chunk it ends in, or with the next (its last bytes
-		// sent already): written once that one is.
-		ch.ends = append(ch.ends, end)
+		if err := k.record(s); err != nil {
+			k.fail(err)
+			return
+		}
 	}
-	if len(ch.pieces) > 0 || len(ch.ends) > 0 {
-		ch.inPos = inPos
+	k.end = k.pos
+	k.ch.last = true
+	if err := k.send(); err != nil {
+		return
+	}
+	// Laid out before the signs settled (PrewriteLater): the negations
+	// are written over as soon as they are out, beside the conversion's
+	// last passes, rather than edited by Finish after them, one read and
+	// one write a run of channels (densenet201 trained: 10-15 ms where
+	// its copy ended first).
+	if k.late != nil && k.late.settled != nil && len(k.waiting) > 0 {
 		select {
-		case full <- ch:
-		case <-quit:
+		case <-k.late.settled:
+		case <-k.stop:
+			k.fail(errStopped)
+			return
+		case <-k.quit:
+			return
 		}
+		if err := k.next(); err != nil {
+			return
+		}
+		if err := k.patch(); err != nil {
+			k.fail(err)
+			return
+		}
+		k.send()
 	}
-	return pos
 }
 
-// chunkRecord puts one storage's record, header to descriptor, into the
-// chunks (prepareChunks), and returns it as written (its entry, its
-// input's CRC, whether later changes may still concern it).
-func (c *Checkpoint) chunkRecord(z *zipWriter, s *outStorage, m []byte, pos, inPos, populated *int64, late *lateFlips, ch **outChunk,
-	put func(int64, func(lo, hi int64) error) error, putBytes, putCopy func([]byte) error) (*chunkEnd, error) {
-	end := &chunkEnd{s: s, final: true}
+// fail sends err to the writer, with the chunk in hand.
+func (k *chunker) fail(err error) {
+	if err == errChunkQuit {
+		return
+	}
+	if k.ch == nil {
+		k.ch = &outChunk{}
+	}
+	k.ch.err = err
+	select {
+	case k.full <- k.ch:
+	case <-k.quit:
+	}
+	k.ch = nil
+}
+
+// next takes a chunk to fill from pos on.
+func (k *chunker) next() error {
+	select {
+	case k.ch = <-k.free:
+	case <-k.quit:
+		return errChunkQuit
+	}
+	k.ch.at = k.pos
+	return nil
+}
+
+// send hands the chunk to the writer, the copy's pieces since the chunk's
+// last op as one more op.
+func (k *chunker) send() error {
+	ch := k.ch
+	if n := len(ch.ops); len(ch.pieces) > 0 && (n == 0 || ch.ops[n-1].end < len(ch.pieces)) {
+		ch.ops = append(ch.ops, chunkOp{at: ch.at, end: len(ch.pieces)})
+	}
+	ch.inPos = k.inPos
+	k.ch = nil
+	select {
+	case k.full <- ch:
+		return nil
+	case <-k.quit:
+		return errChunkQuit
+	}
+}
+
+// put adds n bytes of the output at pos to the chunk, cut into the parts
+// [lo, hi) that lie in one chunk each (cut makes their pieces), sending
+// the chunk each time pos reaches a multiple of chunkLen.
+func (k *chunker) put(n int64, cut func(lo, hi int64) error) error {
+	for lo := int64(0); lo < n; {
+		hi := min(n, lo+chunkLen-k.pos%chunkLen)
+		if err := cut(lo, hi); err != nil {
+			return err
+		}
+		k.pos += hi - lo
+		lo = hi
+		if k.pos%chunkLen == 0 {
+			if err := k.send(); err != nil {
+				return err
+			}
+			if err := k.next(); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// putBytes puts b, which stays as it is until the chunks are written (the
+// plan's new contents); putCopy puts a copy of b, made in the arena of
+// each chunk it lies in (a header, a descriptor: a chunk's arena is
+// reused once it is written, and a header may lie across two).
+func (k *chunker) putBytes(b []byte) error {
+	return k.put(int64(len(b)), func(lo, hi int64) error {
+		k.ch.pieces = append(k.ch.pieces, b[lo:hi])
+		return nil
+	})
+}
+
+func (k *chunker) putCopy(b []byte) error {
+	return k.put(int64(len(b)), func(lo, hi int64) error {
+		a := k.ch.hold(int(hi - lo))
+		copy(a, b[lo:hi])
+		k.ch.pieces = append(k.ch.pieces, a)
+		return nil
+	})
+}
+
+// record lays out one storage's record, header to descriptor, and notes
+// it in z's entries (the tests' holdCopyAt counts them there) and, where
+// changes may still come out for it, as waiting.
+func (k *chunker) record(s *outStorage) error {
+	z, m := k.z, k.m
 	name := "archive/data/" + s.key
 	size := s.length()
-	var buf [256]byte // a header's or descriptor's bytes, copied into the chunks
-	e, h := z.header(buf[:0], name, size, *pos)
-	if err := putCopy(h); err != nil {
-		return nil, err
+	e, h := z.header(k.hbuf[:0], name, size, k.pos)
+	k.hbuf = h
+	if err := k.putCopy(h); err != nil {
+		return err
 	}
-	e.data = *pos
+	e.data = k.pos
+	end := &chunkEnd{s: s, final: true}
 	if s.data != nil {
-		if err := putBytes(s.data); err != nil {
-			return nil, err
+		if err := k.putBytes(s.data); err != nil {
+			return err
 		}
 		e.crc = crc32.ChecksumIEEE(s.data)
 	} else {
 		st := s.src
 		t := s.negated
-		if t == nil && late != nil {
-			t = late.take(st)
+		if t == nil && k.late != nil {
+			t = k.late.take(st)
 		}
 		var nd []byte // new contents published meanwhile: written instead
-		if late != nil {
-			nd = late.takeData(st)
+		if k.late != nil {
+			nd = k.late.takeData(st)
 		}
 		var l negate.Layout
 		if t != nil {
 			l, _ = layoutOf(t)
 		}
 		var crc uint32
-		err := put(size, func(lo, hi int64) error {
-			cur := *ch
+		err := k.put(size, func(lo, hi int64) error {
+			ch := k.ch
 			var b []byte
 			if m != nil {
-				if end := st.rec.offset + hi; end > *populated {
+				if end := st.rec.offset + hi; end > k.populated {
 					// The next window's entries in one call.
-					wlo := max(*populated, (st.rec.offset+lo)&^(2<<20-1))
+					wlo := max(k.populated, (st.rec.offset+lo)&^(2<<20-1))
 					whi := min(max(end, wlo+chunkWindow), int64(len(m)))
 					const madvPopulateRead = 22
 					syscall.Madvise(m[wlo:whi], madvPopulateRead)
-					*populated = whi
+					k.populated = whi
 				}
 				b = m[st.rec.offset+lo : st.rec.offset+hi]
-				*inPos = st.rec.offset + hi
+				k.inPos = st.rec.offset + hi
 			} else {
-				b = room(&cur.data, hi-lo)
-				if _, err := c.f.ReadAt(b, st.rec.offset+lo); err != nil {
-					return fmt.Errorf("%s: reading %s: %w", c.Path, st.rec.name, err)
+				b = room(&ch.data, hi-lo)
+				if _, err := k.c.f.ReadAt(b, st.rec.offset+lo); err != nil {
+					return fmt.Errorf("%s: reading %s: %w", k.c.Path, st.rec.name, err)
 				}
 			}
 			crc = crc32.Update(crc, crc32.IEEETable, b)
 			switch {
 			case nd != nil:
-				cur.pieces = append(cur.pieces, nd[lo:hi])
+				ch.pieces = append(ch.pieces, nd[lo:hi])
 			case t != nil && l.Touches(t.negate, lo, hi-lo):
 				if m != nil {
-					cur.pieces = l.Segments(room(&cur.flips, hi-lo), b, t.negate, lo, cur.pieces)
+					ch.pieces = l.Segments(room(&ch.flips, hi-lo), b, t.negate, lo, ch.pieces)
 				} else {
 					l.Apply(t.negate, lo, b)
-					cur.pieces = append(cur.pieces, b)
+					ch.pieces = append(ch.pieces, b)
 				}
 			default:
-				cur.pieces = append(cur.pieces, b)
+				ch.pieces = append(ch.pieces, b)
 			}
 			return nil
 		})
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if st.rec.hasCRC && crc != st.rec.crc {
-			return nil, fmt.Errorf("%s: record %s is corrupt: CRC-32 %08x, the archive records %08x", c.Path, st.rec.name, crc, st.rec.crc)
+			return fmt.Errorf("%s: record %s is corrupt: CRC-32 %08x, the archive records %08x", k.c.Path, st.rec.name, crc, st.rec.crc)
 		}
 		switch {
 		case nd != nil:
@@ -496,185 +563,175 @@ func (c *Checkpoint) chunkRecord(z *zipWriter, s *outStorage, m []byte, pos, inP
 		}
 		end.crcIn, end.final = crc, nd != nil || t != nil
 	}
-	if err := putCopy(e.descriptor(buf[:0])); err != nil {
-		return nil, err
+	if err := k.putCopy(e.descriptor(k.hbuf[:0])); err != nil {
+		return err
 	}
-	end.e = e
-	return end, nil
+	end.e, end.entry = e, len(z.entries)
+	z.entries = append(z.entries, e)
+	if !end.final && k.late != nil {
+		k.waiting = append(k.waiting, end)
+	}
+	return nil
 }
 
 // overwriteGap is the most bytes between two flipped runs of a record that
-// the overwriter writes again in one write rather than two: a write costs
-// a few microseconds, about what copying 16-32 KB into the page cache
-// does.
+// patch writes again in one write rather than two: a write costs a few
+// microseconds, about what copying 16-32 KB into the page cache does.
 const overwriteGap = 16 << 10
 
-// overwriter writes again, whole, the records writeChunked wrote before
-// the changes published meanwhile (late: negations once the signs settle,
-// new contents at Finish) were known, from the input's bytes, as soon as
-// both the record is in the file and its changes are out: a record
-// written over costs about half as much as written fresh (the page cache
-// it lands in is there, in large folios: 44 MB in 5.3-5.6 ms against
+// patch writes over, once their changes are out (late: negations once the
+// signs settle, new contents at Finish), the records laid out before:
+// the flipped runs of channels from the input's bytes (the map, or read
+// where the writer has released it), new contents from memory (a BN's
+// vectors, neighbours, in one write with the headers between), and their
+// descriptors. Those writes go to the writer after every chunk laid out
+// so far, so that they land on the records' first bytes. It notes them
+// taken (late), so that Finish edits only what comes out after, and sets
+// their entries' CRCs.
+//
+// Why: a record written over costs about half as much as written fresh
+// (its page cache is there, in large folios: 44 MB in 5.3-5.6 ms against
 // 10-11.4, a test program on the bench VM, 2026-12-06), and nothing is
-// read back. It marks them taken (late), so that Finish edits only what
-// was published after.
-type overwriter struct {
-	z       *zipWriter // its headers, as the copy wrote them
-	c       *Checkpoint
-	w       vecAtWriter
-	m       []byte
-	late    *lateFlips
-	waiting []*chunkEnd // written before their changes, if any, were out
-	flips   *map[*Storage]*Tensor
-	data    *map[*Storage][]byte
-	crcs    map[int]uint32 // entry index -> its CRC once written over
-	buf     []byte
-	pieces  [][]byte
-	group   []newContents // neighbours to write again in one write
-	// zapped is where the copy has released m up to; lo, hi the input
-	// range written over since the last release, mapped again.
-	zapped, lo, hi int64
-}
-
-// written takes the records just written (ends), and writes over every
-// waiting record whose changes are now out.
-func (o *overwriter) written(ends []*chunkEnd) error {
-	if o.late == nil {
+// read back; and the writer only writes.
+func (k *chunker) patch() error {
+	if k.late == nil || len(k.waiting) == 0 {
 		return nil
 	}
-	fl, dm := o.late.flips.Load(), o.late.data.Load()
-	scan := ends
-	if fl != o.flips || dm != o.data {
-		// New changes out: every record waiting may have some.
-		o.flips, o.data = fl, dm
-		for _, d := range ends {
-			if !d.final {
-				o.waiting = append(o.waiting, d)
-			}
-		}
-		scan, o.waiting = o.waiting, nil
+	fl, dm := k.late.flips.Load(), k.late.data.Load()
+	if fl == k.flips && dm == k.data {
+		return nil
 	}
-	for _, d := range scan {
-		if d.final {
-			continue
-		}
-		var nd []byte
-		var t *Tensor
+	k.flips, k.data = fl, dm
+	changes := func(d *chunkEnd) (nd []byte, t *Tensor) {
 		if dm != nil {
 			nd = (*dm)[d.s.src]
 		}
 		if fl != nil && nd == nil {
 			t = (*fl)[d.s.src]
 		}
-		if nd == nil && t == nil {
-			o.waiting = append(o.waiting, d)
-			continue
+		return nd, t
+	}
+	var todo []*chunkEnd
+	keep := k.waiting[:0]
+	for _, d := range k.waiting {
+		if nd, t := changes(d); nd == nil && t == nil {
+			keep = append(keep, d)
+		} else {
+			todo = append(todo, d)
 		}
-		if nd != nil {
-			// New contents (a BN's vectors, one record after the
-			// other): neighbours in one write.
-			if n := len(o.group); n > 0 {
-				last := o.group[n-1].d.e
-				if last.data+last.size+last.descriptorLen() != d.e.off || d.e.data+d.e.size-o.group[0].d.e.data > chunkLen {
-					if err := o.writeGroup(); err != nil {
+	}
+	clear(k.waiting[len(keep):])
+	k.waiting = keep
+	if len(todo) == 0 {
+		return nil
+	}
+	// The copy's pieces so far go first, and it goes on in a chunk of
+	// its own (the rest of this chunkLen range).
+	if len(k.ch.pieces) > 0 {
+		if err := k.send(); err != nil {
+			return err
+		}
+		if err := k.next(); err != nil {
+			return err
+		}
+	}
+	pc := k.ch // the patches' chunk
+	k.ch = nil
+	// newChunk sends the patches' chunk and takes another.
+	newChunk := func() error {
+		k.ch = pc
+		if err := k.send(); err != nil {
+			return err
+		}
+		if err := k.next(); err != nil {
+			return err
+		}
+		pc, k.ch = k.ch, nil
+		return nil
+	}
+	var group []*chunkEnd // new contents, neighbours, written together
+	var groupData [][]byte
+	writeGroup := func() error {
+		if len(group) == 0 {
+			return nil
+		}
+		for i, d := range group {
+			e := d.e
+			if i > 0 {
+				h0, _ := k.z.entry(e.name, e.size, e.off)
+				_, h := k.z.header(pc.hold(int(h0.data - e.off))[:0], e.name, e.size, e.off)
+				pc.pieces = append(pc.pieces, h)
+			}
+			e.crc = crc32.ChecksumIEEE(groupData[i])
+			pc.pieces = append(pc.pieces, groupData[i], e.descriptor(pc.hold(int(e.descriptorLen()))[:0]))
+			k.z.entries[d.entry].crc = e.crc
+		}
+		pc.ops = append(pc.ops, chunkOp{at: group[0].e.data, end: len(pc.pieces)})
+		k.late.mu.Lock()
+		if k.late.takenData == nil {
+			k.late.takenData = map[*Storage][]byte{}
+		}
+		for i, d := range group {
+			k.late.takenData[d.s.src] = groupData[i]
+		}
+		k.late.overwritten += len(group)
+		k.late.mu.Unlock()
+		group, groupData = group[:0], groupData[:0]
+		return nil
+	}
+	for _, d := range todo {
+		nd, t := changes(d)
+		switch {
+		case nd != nil:
+			if n := len(group); n > 0 {
+				last := group[n-1].e
+				if last.data+last.size+last.descriptorLen() != d.e.off || d.e.data+d.e.size-group[0].e.data > chunkLen {
+					if err := writeGroup(); err != nil {
 						return err
 					}
 				}
 			}
-			o.group = append(o.group, newContents{d, nd})
-			continue
+			group, groupData = append(group, d), append(groupData, nd)
+		default:
+			if err := writeGroup(); err != nil {
+				return err
+			}
+			if err := k.patchFlips(&pc, d, t, newChunk); err != nil {
+				return err
+			}
 		}
-		if err := o.writeGroup(); err != nil {
-			return err
+		if len(pc.ops) >= 64 || pc.scratch() > chunkLen/2 {
+			if err := writeGroup(); err != nil {
+				return err
+			}
+			if err := newChunk(); err != nil {
+				return err
+			}
 		}
-		if err := o.overwrite(d, t); err != nil {
-			return err
-		}
-		o.release(false)
 	}
-	if err := o.writeGroup(); err != nil {
+	if err := writeGroup(); err != nil {
 		return err
 	}
-	o.release(true)
-	return nil
-}
-
-// newContents is a record the overwriter writes again with new contents.
-type newContents struct {
-	d  *chunkEnd
-	nd []byte
-}
-
-// writeGroup writes the records of o.group, neighbours in the output, again
-// with their new contents, in one write: each one's bytes and descriptor,
-// and the local headers between them (as the copy wrote them: the same
-// names, sizes and offsets).
-func (o *overwriter) writeGroup() error {
-	if len(o.group) == 0 {
-		return nil
-	}
-	o.pieces = o.pieces[:0]
-	for i, g := range o.group {
-		e := g.d.e
-		if i > 0 {
-			_, h := o.z.header(nil, e.name, e.size, e.off)
-			o.pieces = append(o.pieces, h)
+	// The patches go, and the copy goes on from where it was.
+	k.ch = pc
+	if len(pc.ops) > 0 {
+		if err := k.send(); err != nil {
+			return err
 		}
-		e.crc = crc32.ChecksumIEEE(g.nd)
-		o.pieces = append(o.pieces, g.nd, e.descriptor(nil))
-		o.crcs[g.d.entry] = e.crc
+		return k.next()
 	}
-	if _, err := o.w.WriteVecAt(o.pieces, o.group[0].d.e.data); err != nil {
-		return fmt.Errorf("writing %s: %w", o.group[0].d.e.name, err)
-	}
-	o.late.mu.Lock()
-	if o.late.takenData == nil {
-		o.late.takenData = map[*Storage][]byte{}
-	}
-	for _, g := range o.group {
-		o.late.takenData[g.d.s.src] = g.nd
-	}
-	o.late.overwritten += len(o.group)
-	o.late.mu.Unlock()
-	clear(o.group)
-	o.group = o.group[:0]
 	return nil
 }
 
-// release releases what the copy had released and the overwrites mapped
-// again, on huge-page boundaries, once it spans a window (all, at the end
-// of a scan): the records written over since the signs settled can be
-// most of the file (resnext101_32x8d trained), which the map otherwise
-// held.
-func (o *overwriter) release(all bool) {
-	if o.m == nil || o.hi <= o.lo || (!all && o.hi-o.lo < chunkWindow) {
-		return
-	}
-	lo, hi := o.lo&^(2<<20-1), o.hi&^(2<<20-1)
-	if all {
-		hi = (o.hi + 2<<20 - 1) &^ (2<<20 - 1)
-	}
-	if hi = min(hi, o.zapped); hi > lo {
-		syscall.Madvise(o.m[lo:hi], syscall.MADV_DONTNEED)
-	}
-	if all {
-		o.lo, o.hi = 0, 0
-	} else {
-		o.lo = max(o.lo, hi)
-	}
-}
-
-// overwrite writes d's record again with the negations of t, or the new
-// contents nd, and its descriptor, and notes them taken.
-func (o *overwriter) overwrite(d *chunkEnd, t *Tensor) error {
+// patchFlips adds to *pc the writes of d's flipped runs of channels (t's),
+// those less than overwriteGap apart together, and of its descriptor, and
+// notes d taken; newChunk sends *pc and takes another where its scratch
+// is spent.
+func (k *chunker) patchFlips(pc **outChunk, d *chunkEnd, t *Tensor, newChunk func() error) error {
 	st, e := d.s.src, d.e
 	size := e.size
 	l, _ := layoutOf(t)
 	e.crc = d.crcIn ^ l.CRCDelta(t.negate, 0, size)
-	// The flipped runs only, those less than overwriteGap apart in
-	// one write (the bytes between as the copy wrote them), each
-	// write at most chunkLen; the descriptor's CRC with the last
-	// one where it is that close to the end, else on its own.
 	var spans [][2]int64
 	l.Runs(t.negate, 0, size, func(a, b int64) {
 		if n := len(spans); n > 0 && a-spans[n-1][1] < overwriteGap && b-spans[n-1][0] <= chunkLen {
@@ -686,44 +743,45 @@ func (o *overwriter) overwrite(d *chunkEnd, t *Tensor) error {
 		}
 		spans = append(spans, [2]int64{a, b})
 	})
-	desc := e.descriptor(nil)
+	// The descriptor's CRC with the last run where it is that close to
+	// the end, else on its own.
 	if n := len(spans); n == 0 || size-spans[n-1][1] >= overwriteGap || size-spans[n-1][0] > chunkLen {
 		spans = append(spans, [2]int64{size, size})
 	} else {
 		spans[n-1][1] = size
 	}
-	if o.buf == nil {
-		o.buf = make([]byte, chunkLen)
-	}
-	for k, sp := range spans {
+	released := k.zapped.Load()
+	for i, sp := range spans {
 		lo, hi := sp[0], sp[1]
-		o.pieces = o.pieces[:0]
-		if o.m != nil {
-			src := o.m[st.rec.offset+lo : st.rec.offset+hi]
-			if o.hi == 0 {
-				o.lo = st.rec.offset + lo
+		if (*pc).scratch()+hi-lo > chunkLen {
+			if err := newChunk(); err != nil {
+				return err
 			}
-			o.lo, o.hi = min(o.lo, st.rec.offset+lo), max(o.hi, st.rec.offset+hi)
-			o.pieces = l.Segments(o.buf[:hi-lo], src, t.negate, lo, o.pieces)
+		}
+		ch := *pc
+		if k.m != nil && st.rec.offset+lo >= released+2*chunkRelease {
+			src := k.m[st.rec.offset+lo : st.rec.offset+hi]
+			ch.pieces = l.Segments(room(&ch.flips, hi-lo), src, t.negate, lo, ch.pieces)
 		} else if hi > lo {
-			b := o.buf[:hi-lo]
-			if _, err := o.c.f.ReadAt(b, st.rec.offset+lo); err != nil {
-				return fmt.Errorf("%s: reading %s: %w", o.c.Path, st.rec.name, err)
+			// Read where the writer has released the map, or may by
+			// the time this is written: mapped again, those pages
+			// would fault in a few at a time and stay.
+			b := room(&ch.data, hi-lo)
+			if _, err := k.c.f.ReadAt(b, st.rec.offset+lo); err != nil {
+				return fmt.Errorf("%s: reading %s: %w", k.c.Path, st.rec.name, err)
 			}
 			l.Apply(t.negate, lo, b)
-			o.pieces = append(o.pieces, b)
+			ch.pieces = append(ch.pieces, b)
 		}
-		if k == len(spans)-1 {
-			o.pieces = append(o.pieces, desc)
+		if i == len(spans)-1 {
+			ch.pieces = append(ch.pieces, e.descriptor(ch.hold(int(e.descriptorLen()))[:0]))
 		}
-		if _, err := o.w.WriteVecAt(o.pieces, e.data+lo); err != nil {
-			return fmt.Errorf("writing %s: %w", e.name, err)
-		}
+		ch.ops = append(ch.ops, chunkOp{at: e.data + lo, end: len(ch.pieces)})
 	}
-	o.late.mu.Lock()
-	o.late.overwritten++
-	o.late.taken[st] = t
-	o.late.mu.Unlock()
-	o.crcs[d.entry] = e.crc
+	k.z.entries[d.entry].crc = e.crc
+	k.late.mu.Lock()
+	k.late.overwritten++
+	k.late.taken[st] = t
+	k.late.mu.Unlock()
 	return nil
 }
