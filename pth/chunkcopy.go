@@ -136,10 +136,14 @@ func (ch *outChunk) hold(n int) []byte {
 	return ch.arena[len(ch.arena)-n:]
 }
 
-// room returns n bytes of *b, grown to chunkLen on first need.
-func room(b *[]byte, n int64) []byte {
+// room returns n bytes of *b, which grows (a new array: the pieces still
+// point into the old one) by doubling, from least bytes to chunkLen. The
+// flipped channels of a chunk are a tenth of it or less (densenet201
+// trained), and a fresh MB of heap costs a few hundred microseconds of
+// page faults on the bench VM; the bytes read fill the chunk.
+func room(b *[]byte, n, least int64) []byte {
 	if int64(len(*b))+n > int64(cap(*b)) {
-		*b = make([]byte, 0, max(n, chunkLen))
+		*b = make([]byte, 0, max(n, min(2*int64(cap(*b)), chunkLen), least))
 	}
 	*b = (*b)[:int64(len(*b))+n]
 	return (*b)[int64(len(*b))-n:]
@@ -526,7 +530,7 @@ func (k *chunker) record(s *outStorage) error {
 				b = m[st.rec.offset+lo : st.rec.offset+hi]
 				k.inPos = st.rec.offset + hi
 			} else {
-				b = room(&ch.data, hi-lo)
+				b = room(&ch.data, hi-lo, chunkLen)
 				if _, err := k.c.f.ReadAt(b, st.rec.offset+lo); err != nil {
 					return fmt.Errorf("%s: reading %s: %w", k.c.Path, st.rec.name, err)
 				}
@@ -537,7 +541,7 @@ func (k *chunker) record(s *outStorage) error {
 				ch.pieces = append(ch.pieces, nd[lo:hi])
 			case t != nil && l.Touches(t.negate, lo, hi-lo):
 				if m != nil {
-					ch.pieces = l.Segments(room(&ch.flips, hi-lo), b, t.negate, lo, ch.pieces)
+					ch.pieces = l.Segments(room(&ch.flips, hi-lo, 64<<10), b, t.negate, lo, ch.pieces)
 				} else {
 					l.Apply(t.negate, lo, b)
 					ch.pieces = append(ch.pieces, b)
@@ -761,12 +765,12 @@ func (k *chunker) patchFlips(pc **outChunk, d *chunkEnd, t *Tensor, newChunk fun
 		ch := *pc
 		if k.m != nil && st.rec.offset+lo >= released+2*chunkRelease {
 			src := k.m[st.rec.offset+lo : st.rec.offset+hi]
-			ch.pieces = l.Segments(room(&ch.flips, hi-lo), src, t.negate, lo, ch.pieces)
+			ch.pieces = l.Segments(room(&ch.flips, hi-lo, 64<<10), src, t.negate, lo, ch.pieces)
 		} else if hi > lo {
 			// Read where the writer has released the map, or may by
 			// the time this is written: mapped again, those pages
 			// would fault in a few at a time and stay.
-			b := room(&ch.data, hi-lo)
+			b := room(&ch.data, hi-lo, chunkLen)
 			if _, err := k.c.f.ReadAt(b, st.rec.offset+lo); err != nil {
 				return fmt.Errorf("%s: reading %s: %w", k.c.Path, st.rec.name, err)
 			}
