@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -368,5 +369,66 @@ func TestFirstInvalid(t *testing.T) {
 	}
 	if _, _, err := c.FirstInvalid("no.such", false); err == nil {
 		t.Error("FirstInvalid of a key the state dict lacks: no error")
+	}
+}
+
+// TestCompareValues: CompareValues says what comparing a vector with
+// Values would: whether any value differs (a NaN equals a NaN) and
+// whether the bits are the same (-0 and 0 are not), for a float32 vector
+// as stored, one with values set since, one with negated channels, and
+// every dtype of a torch fixture (decoded).
+func TestCompareValues(t *testing.T) {
+	naive := func(a, b []float64) (differ, same bool) {
+		if len(a) != len(b) {
+			return true, false
+		}
+		same = true
+		for i := range a {
+			if a[i] != b[i] && !(a[i] != a[i] && b[i] != b[i]) {
+				differ = true
+			}
+			if math.Float64bits(a[i]) != math.Float64bits(b[i]) {
+				same = false
+			}
+		}
+		return differ, same && !differ
+	}
+	check := func(c *Checkpoint, key string) {
+		t.Helper()
+		stored, err := c.Values(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		variants := [][]float64{slices.Clone(stored), append(slices.Clone(stored), 1)}
+		for i := range stored {
+			for _, x := range []float64{math.NaN(), math.Copysign(0, -1), 0, stored[i] + 1, -stored[i]} {
+				v := slices.Clone(stored)
+				v[i] = x
+				variants = append(variants, v)
+			}
+		}
+		for _, v := range variants {
+			d, same, err := c.CompareValues(key, v)
+			wd, wsame := naive(v, stored)
+			if err != nil || d != wd || !d && same != wsame {
+				t.Errorf("%s: %v against %v: CompareValues %v %v %v, want %v %v", key, v, stored, d, same, err, wd, wsame)
+			}
+		}
+	}
+	c := openFixture(t, "convbn_zip")
+	check(c, "1.running_var") // as stored
+	if err := c.SetValues("1.weight", []float64{1, math.NaN(), 0, -2}); err != nil {
+		t.Fatal(err)
+	}
+	check(c, "1.weight") // set since
+	if _, err := c.NegateChannels("0.weight", []int{1}); err != nil {
+		t.Fatal(err)
+	}
+	check(c, "0.weight") // negated channels
+	d := openFixture(t, "dtypes")
+	for _, key := range d.Keys() {
+		if _, err := d.Values(key); err == nil {
+			check(d, key)
+		}
 	}
 }

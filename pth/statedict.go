@@ -296,6 +296,72 @@ func (c *Checkpoint) AppendValues(dst []float64, key string) ([]float64, error) 
 	return v, nil
 }
 
+// CompareValues reports whether v differs from the values of key's tensor
+// (as Values gives them; a NaN equals a NaN) and whether it holds the
+// same bits, without decoding them into memory where the tensor's bytes
+// are a contiguous float32 run, or it holds values set since it was read.
+// Package rewrite's cache compares every vector it handed out with the
+// store after each pass: on densenet201 trained about 500 vectors of
+// 115,000 values each kind, decoded, copied and compared in 1.5-2 ms of
+// the rewrite's 7.
+func (c *Checkpoint) CompareValues(key string, v []float64) (differ, sameBits bool, err error) {
+	t, ok := c.Tensor(key)
+	if !ok {
+		return false, false, fmt.Errorf("%s: no tensor %q in the state dict", c.Path, key)
+	}
+	sameBits = true
+	switch {
+	case t.pending != nil:
+		if len(t.pending) != len(v) {
+			return true, false, nil
+		}
+		for i, x := range t.pending {
+			if d, same := compareFloat(x, v[i]); d {
+				return true, false, nil
+			} else if !same {
+				sameBits = false
+			}
+		}
+		return false, sameBits, nil
+	case t.DType() == Float32 && t.Contiguous() && t.negate == nil && t.Numel() == len(v):
+		lo, hi := t.span()
+		raw, err := c.readRange(t.Storage, int64(lo)*4, int64(hi-lo)*4)
+		if err != nil {
+			return false, false, fmt.Errorf("%s: tensor %q: %w", c.Path, key, err)
+		}
+		le := binary.LittleEndian
+		for i := range v {
+			if d, same := compareFloat(float64(math.Float32frombits(le.Uint32(raw[4*i:]))), v[i]); d {
+				return true, false, nil
+			} else if !same {
+				sameBits = false
+			}
+		}
+		return false, sameBits, nil
+	}
+	vals, err := c.appendTensorValues(nil, t)
+	if err != nil {
+		return false, false, fmt.Errorf("%s: tensor %q: %w", c.Path, key, err)
+	}
+	if len(vals) != len(v) {
+		return true, false, nil
+	}
+	for i, x := range vals {
+		if d, same := compareFloat(x, v[i]); d {
+			return true, false, nil
+		} else if !same {
+			sameBits = false
+		}
+	}
+	return false, sameBits, nil
+}
+
+// compareFloat reports whether x and y differ as values (two NaNs do not)
+// and whether they are the same bits.
+func compareFloat(x, y float64) (differ, sameBits bool) {
+	return x != y && !(x != x && y != y), math.Float64bits(x) == math.Float64bits(y)
+}
+
 // FirstInvalid returns the index of the first element of key's tensor
 // that is not finite, or, where nonNegative, that is below zero, and
 // true; false where every element passes. A float32 tensor's bytes are

@@ -41,6 +41,16 @@ type tensors struct {
 	// vector already in memory.
 	app     valueAppender
 	scratch []float64
+	// cmp is w's CompareValues where it has one: the comparison then
+	// reads the store's values as they lie, rather than decoding them
+	// into scratch first.
+	cmp valueComparer
+}
+
+// valueComparer is a Weights that compares a vector with the values it
+// holds (pth.Checkpoint).
+type valueComparer interface {
+	CompareValues(key string, v []float64) (differ, sameBits bool, err error)
 }
 
 // valueAppender is a Weights that decodes into a caller's buffer
@@ -51,10 +61,11 @@ type valueAppender interface {
 
 func newTensors(w graph.Weights) *tensors {
 	app, _ := w.(valueAppender)
+	cmp, _ := w.(valueComparer)
 	return &tensors{
 		w: w, cache: map[string]*cached{},
 		negate: map[string]*[]bool{}, flips: map[string]*[]bool{}, changed: map[string]bool{},
-		app: app,
+		app: app, cmp: cmp,
 	}
 }
 
@@ -266,16 +277,24 @@ func (t *tensors) flushVectors() error {
 	for _, k := range keys {
 		c := t.cache[k]
 		c.touched = false
-		orig := c.orig
-		if t.app != nil {
+		var differs, same bool
+		switch {
+		case t.cmp != nil:
+			var err error
+			if differs, same, err = t.cmp.CompareValues(k, c.cur); err != nil {
+				return fmt.Errorf("reading %q: %w", k, err)
+			}
+		case t.app != nil:
 			var err error
 			if t.scratch, err = t.app.AppendValues(t.scratch[:0], k); err != nil {
 				return fmt.Errorf("reading %q: %w", k, err)
 			}
-			orig = t.scratch
+			differs, same = differ(c.cur, t.scratch), sameBits(c.cur, t.scratch)
+		default:
+			differs, same = differ(c.cur, c.orig), sameBits(c.cur, c.orig)
 		}
-		if !differ(c.cur, orig) {
-			if !sameBits(c.cur, orig) {
+		if !differs {
+			if !same {
 				// A -0 (a negated zero) the store does not hold: read
 				// the vector again rather than keep it.
 				delete(t.cache, k)
