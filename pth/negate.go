@@ -97,6 +97,7 @@ func (c *Checkpoint) negate(t *Tensor, channels []int, onlyIfNonzero bool) (bool
 		}
 	}
 	t.negate = negate.Xor(t.negate, chans)
+	c.lazyNegated = append(c.lazyNegated, t)
 	return true, nil
 }
 

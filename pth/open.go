@@ -78,6 +78,10 @@ type Checkpoint struct {
 	storages map[string]*Storage
 	// users counts the tensors viewing each storage (storageUsers).
 	users map[*Storage]int
+	// lazyNegated are the tensors negated in place (negate, without
+	// decoding), in order, repeats and all: what Prewrite.Settle hands
+	// the copy.
+	lazyNegated []*Tensor
 	// ahead is readWhole's read-ahead over small stored records.
 	ahead readAheadState
 	// maps is the copy's choice between maps and reads (mapProbe).
