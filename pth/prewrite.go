@@ -175,7 +175,7 @@ func (p *Prewrite) Settle() {
 		// writes the file again where the layout changed.
 		negated := map[*Storage]*Tensor{}
 		for _, t := range p.c.lazyNegated {
-			if t.negate != nil && t.pending == nil && t.stream == nil {
+			if len(t.negate) > 0 && t.pending == nil && t.stream == nil { // not negated back, nor rewritten since
 				negated[t.Storage] = t
 			}
 		}

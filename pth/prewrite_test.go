@@ -550,3 +550,76 @@ func TestPrewriteLaterFault(t *testing.T) {
 		t.Error("no write failed")
 	}
 }
+
+// TestSettleHandsOver: Settle hands the copy the tensors negated in place
+// since the checkpoint was opened, with their channels as they are then
+// (negated twice: not at all), and not those rewritten since or negated
+// before the copy started (its own plan has them).
+func TestSettleHandsOver(t *testing.T) {
+	c := openFixture(t, "convbn_zip")
+	var four []string // tensors of 4 output channels negated in place
+	for _, key := range c.Keys() {
+		if tn, _ := c.Tensor(key); len(tn.Shape) == 4 && isFloat(tn.DType()) && c.lazyNegatable(tn) {
+			four = append(four, key)
+		}
+	}
+	if len(four) < 1 {
+		t.Fatalf("fixture has no convolution weight to negate in place")
+	}
+	before, key := four[0], four[0]
+	if _, err := c.NegateChannels(before, []int{0}); err != nil { // in the copy's plan
+		t.Fatal(err)
+	}
+	set := output.New(output.Options{})
+	defer set.Abort()
+	p, err := c.PrewriteLater(set, filepath.Join(t.TempDir(), "out.pth"), func(string, []int) When { return Settled })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Stop()
+	var rewritten, twice string
+	for _, k := range c.Keys() {
+		tn, _ := c.Tensor(k)
+		switch {
+		case k == before || len(tn.Shape) == 0 || !isFloat(tn.DType()) || !c.lazyNegatable(tn):
+		case rewritten == "":
+			rewritten = k
+			if _, err := c.NegateChannels(k, []int{0}); err != nil {
+				t.Fatal(err)
+			}
+			change(t, c, k) // rewritten whole since
+		case twice == "":
+			twice = k
+			for range 2 {
+				if _, err := c.NegateChannels(k, []int{0}); err != nil {
+					t.Fatal(err)
+				}
+			}
+		case key == before:
+			key = k
+		}
+	}
+	if key == before || rewritten == "" || twice == "" {
+		t.Fatalf("fixture has too few float tensors (negated %q, rewritten %q, twice %q)", key, rewritten, twice)
+	}
+	if _, err := c.NegateChannels(key, []int{1, 0}); err != nil {
+		t.Fatal(err)
+	}
+	p.Settle()
+	fl := p.late.flips.Load()
+	if fl == nil {
+		t.Fatal("Settle handed over nothing")
+	}
+	got := map[string][]int{}
+	for st, tn := range *fl {
+		got[st.Key] = tn.negate
+	}
+	kt, _ := c.Tensor(key)
+	want := map[string][]int{kt.Storage.Key: {0, 1}}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("Settle handed over %v (storage keys: channels), want %v (%s negated in place; %s rewritten since, %s negated twice, %s before the copy)", got, want, key, rewritten, twice, before)
+	}
+	if err := p.Finish(); err != nil {
+		t.Fatal(err)
+	}
+}
