@@ -178,7 +178,33 @@ func TestChunkedBadInput(t *testing.T) {
 				t.Errorf("the input changed")
 			}
 
-			// Cut short after it was opened.
+			// Cut short once the copy has checked its size and mapped
+			// it (or chosen to read it): reading it faults, or ends
+			// early.
+			if err := os.WriteFile(in, before, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			c2, err := Open(in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c2.Close()
+			var ws WriteOptions
+			chunkedFrom = func(bool) {
+				if err := os.Truncate(in, 0); err != nil {
+					t.Error(err)
+				}
+			}
+			err = c2.Write(out, ws)
+			chunkedFrom = nil
+			if err == nil || !strings.Contains(err.Error(), in) {
+				t.Errorf("Write of a file cut short while copied: %v, want an error naming %s", err, in)
+			} else if from == chunkFromMap && !strings.Contains(err.Error(), "changed or ended while it was read") {
+				t.Errorf("Write of a mapped file cut short while copied: %v, want the fault reported as such", err)
+			}
+			assertOnly(t, dir, "in.pth")
+
+			// Cut short after it was opened, before the copy.
 			if err := os.Truncate(in, int64(len(before))/2); err != nil {
 				t.Fatal(err)
 			}
