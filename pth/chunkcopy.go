@@ -602,7 +602,7 @@ const overwriteGap = 16 << 10
 // where the writer has released it), new contents from memory (a BN's
 // vectors, neighbours, in one write with the headers between), and their
 // descriptors. Those writes go to the writer after every chunk laid out
-// so far, so that they land on the records' first bytes. It notes them
+// so far, so that they land over the records as first written. It notes them
 // taken (late), so that Finish edits only what comes out after, and sets
 // their entries' CRCs.
 //
