@@ -12,6 +12,17 @@ const maxIovec = 1024
 // writev writes bufs to f in order with writev(2), resuming after short
 // writes and EINTR.
 func writev(f *os.File, bufs [][]byte) (int, error) {
+	return vectored(f, "writev", bufs, func(fd uintptr, iov []syscall.Iovec, _ int) (uintptr, syscall.Errno) {
+		n, _, errno := syscall.Syscall(syscall.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&iov[0])), uintptr(len(iov)))
+		return n, errno
+	})
+}
+
+// vectored writes bufs to f in order by calls of call (a vectored write
+// system call given at most maxIovec buffers and the bytes written so
+// far), resuming after short writes and EINTR; op names the call in
+// errors.
+func vectored(f *os.File, op string, bufs [][]byte, call func(fd uintptr, iov []syscall.Iovec, done int) (uintptr, syscall.Errno)) (int, error) {
 	rc, err := f.SyscallConn()
 	if err != nil {
 		return 0, err
@@ -36,7 +47,7 @@ func writev(f *os.File, bufs [][]byte) (int, error) {
 		var n uintptr
 		var errno syscall.Errno
 		if err := rc.Write(func(fd uintptr) bool {
-			n, _, errno = syscall.Syscall(syscall.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&iov[0])), uintptr(len(iov)))
+			n, errno = call(fd, iov, total)
 			return errno != syscall.EAGAIN
 		}); err != nil {
 			return total, err
@@ -45,10 +56,10 @@ func writev(f *os.File, bufs [][]byte) (int, error) {
 			continue
 		}
 		if errno != 0 {
-			return total, &os.PathError{Op: "writev", Path: f.Name(), Err: errno}
+			return total, &os.PathError{Op: op, Path: f.Name(), Err: errno}
 		}
 		if n == 0 {
-			return total, &os.PathError{Op: "writev", Path: f.Name(), Err: syscall.EIO}
+			return total, &os.PathError{Op: op, Path: f.Name(), Err: syscall.EIO}
 		}
 		total += int(n)
 		// Drop what was written, whole buffers then part of one.
