@@ -151,7 +151,8 @@ func TestCopyApply(t *testing.T) {
 		if !bytes.Equal(got, want) {
 			t.Fatalf("trial %d: CopyApply es %d sign %d shape %v chans %v [%d, %d) differs", trial, es, l.SignByte, shape, chans, pos, pos+n)
 		}
-		scratch := make([]byte, n)
+		// Segments needs Flipped's bytes of scratch, no more.
+		scratch := make([]byte, l.Flipped(chans, pos, n))
 		if vec := l.Segments(scratch, src[pos:pos+n], chans, pos, nil); !bytes.Equal(bytes.Join(vec, nil), want) {
 			t.Fatalf("trial %d: Segments es %d sign %d shape %v chans %v [%d, %d) differ", trial, es, l.SignByte, shape, chans, pos, pos+n)
 		}

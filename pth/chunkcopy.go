@@ -554,7 +554,7 @@ func (k *chunker) record(s *outStorage) error {
 				ch.pieces = append(ch.pieces, nd[lo:hi])
 			case t != nil && l.Touches(t.negate, lo, hi-lo):
 				if m != nil {
-					ch.pieces = l.Segments(room(&ch.flips, hi-lo, 64<<10), b, t.negate, lo, ch.pieces)
+					ch.pieces = l.Segments(room(&ch.flips, l.Flipped(t.negate, lo, hi-lo), 64<<10), b, t.negate, lo, ch.pieces)
 				} else {
 					l.Apply(t.negate, lo, b)
 					ch.pieces = append(ch.pieces, b)
@@ -778,7 +778,7 @@ func (k *chunker) patchFlips(pc **outChunk, d *chunkEnd, t *Tensor, newChunk fun
 		ch := *pc
 		if k.m != nil && st.rec.offset+lo >= released+2*chunkRelease {
 			src := k.m[st.rec.offset+lo : st.rec.offset+hi]
-			ch.pieces = l.Segments(room(&ch.flips, hi-lo, 64<<10), src, t.negate, lo, ch.pieces)
+			ch.pieces = l.Segments(room(&ch.flips, l.Flipped(t.negate, lo, hi-lo), 64<<10), src, t.negate, lo, ch.pieces)
 		} else if hi > lo {
 			// Read where the writer has released the map, or may by
 			// the time this is written: mapped again, those pages
