@@ -244,3 +244,44 @@ func BenchmarkXorRun(b *testing.B) {
 		l.xorRun(dst, src, 0)
 	}
 }
+
+// TestPowCache: xPow's table answers what the powers compute, for lengths
+// that share a slot (many more than it has), asked again, and for lengths
+// it does not hold (2^32 and above); shift by one of them agrees with
+// appending zeros.
+func TestPowCache(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	ns := []int64{1, 2, 3, 1<<32 - 1, 1 << 32, 1<<40 + 3}
+	for range 3 * len(powCache) {
+		ns = append(ns, 1+r.Int64N(1<<34))
+	}
+	for pass := range 2 {
+		for _, n := range ns {
+			if got, want := xPow(n), powOf(n); got != want {
+				t.Fatalf("pass %d: xPow(%d) = %08x, the powers give %08x", pass, n, got, want)
+			}
+		}
+	}
+	v := rawCRC([]byte("abnconvert"))
+	zeros := make([]byte, 4096)
+	for _, n := range []int64{7, 4096, 100} {
+		if got, want := shift(v, n), ^crc32.Update(^v, crc32.IEEETable, zeros[:n]); got != want {
+			t.Fatalf("shift by %d: %08x, appending zeros %08x", n, got, want)
+		}
+	}
+}
+
+// BenchmarkCRCDelta: a 1,024-channel convolution's record (3x3, 512 input
+// channels, float32) with every ninth channel negated, as a trained
+// checkpoint's sign folds leave it: one run a channel.
+func BenchmarkCRCDelta(b *testing.B) {
+	l, _ := FloatLayout(true, 4, []int{1024, 512, 3, 3})
+	var chans []int
+	for c := 0; c < 1024; c += 9 {
+		chans = append(chans, c)
+	}
+	n := 1024 * l.ChannelBytes
+	for i := 0; i < b.N; i++ {
+		l.CRCDelta(chans, 0, n)
+	}
+}
