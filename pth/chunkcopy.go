@@ -139,11 +139,8 @@ func (ch *outChunk) hold(n int) []byte {
 // room returns n bytes of *b, which grows (a new array: the pieces still
 // point into the old one) by doubling, from least bytes to chunkLen. The
 // flipped channels of a chunk are a tenth of it or less (densenet201
-// trained), and so are the runs a chunk of writes over records reads
-// back; the bytes the copy reads fill the chunk. A fresh MB of heap costs
-// 0.1-0.3 ms of page faults on the bench VM (and far more now and then:
-// a Firecracker guest whose free memory is handed back to the host, and
-// faulted in again from it), 2026-12-06.
+// trained), and a fresh MB of heap costs a few hundred microseconds of
+// page faults on the bench VM; the bytes read fill the chunk.
 func room(b *[]byte, n, least int64) []byte {
 	if int64(len(*b))+n > int64(cap(*b)) {
 		*b = make([]byte, 0, max(n, min(2*int64(cap(*b)), chunkLen), least))
@@ -786,7 +783,7 @@ func (k *chunker) patchFlips(pc **outChunk, d *chunkEnd, t *Tensor, newChunk fun
 			// Read where the writer has released the map, or may by
 			// the time this is written: mapped again, those pages
 			// would fault in a few at a time and stay.
-			b := room(&ch.data, hi-lo, 64<<10)
+			b := room(&ch.data, hi-lo, chunkLen)
 			if _, err := k.c.f.ReadAt(b, st.rec.offset+lo); err != nil {
 				return fmt.Errorf("%s: reading %s: %w", k.c.Path, st.rec.name, err)
 			}
