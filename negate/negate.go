@@ -375,7 +375,10 @@ func shift(v uint32, n int64) uint32 {
 // a map, the lookup was most of what CRCDelta cost (about 70 ns a run).
 // Two lengths that share a slot take turns; each is computed again.
 func xPow(n int64) uint32 {
-	if n <= 0 || n >= 1<<32 {
+	if n <= 0 {
+		return 1 << 31 // x^0 (shift asks for no shorter run)
+	}
+	if n >= 1<<32 {
 		return powOf(n)
 	}
 	slot := &powCache[uint64(n)*0x9e3779b97f4a7c15>>(64-powCacheBits)]

@@ -251,6 +251,9 @@ func BenchmarkXorRun(b *testing.B) {
 // appending zeros.
 func TestPowCache(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 4))
+	if got := xPow(0); got != 1<<31 {
+		t.Fatalf("xPow(0) = %08x, want x^0 (%08x)", got, uint32(1<<31))
+	}
 	ns := []int64{1, 2, 3, 1<<32 - 1, 1 << 32, 1<<40 + 3}
 	for range 3 * len(powCache) {
 		ns = append(ns, 1+r.Int64N(1<<34))
