@@ -105,8 +105,11 @@ type outChunk struct {
 	flips  []byte // bytes of negated channels, flipped
 	data   []byte // bytes read from the input (chunkFromReads, or released from the map)
 	inPos  int64  // the input offset after its last mapped byte
-	last   bool   // every record is written once this chunk is
-	err    error
+	// remapLo and remapHi bound the input's pages that writes over records
+	// mapped again (chunker.patchFlips), released once written.
+	remapLo, remapHi int64
+	last             bool // every record is written once this chunk is
+	err              error
 }
 
 // chunkOp is one write of an outChunk: pieces[from:end] (from: the
@@ -156,7 +159,7 @@ func (ch *outChunk) scratch() int64 { return int64(len(ch.flips) + len(ch.data))
 func (ch *outChunk) reset() {
 	clear(ch.pieces)
 	ch.pieces, ch.ops, ch.arena, ch.flips, ch.data = ch.pieces[:0], ch.ops[:0], ch.arena[:0], ch.flips[:0], ch.data[:0]
-	ch.inPos, ch.last, ch.err = 0, false, nil
+	ch.inPos, ch.remapLo, ch.remapHi, ch.last, ch.err = 0, 0, 0, false, nil
 }
 
 // writeChunked writes the records of every storage of plan, in order,
@@ -259,6 +262,12 @@ func (c *Checkpoint) writeChunked(z *zipWriter, plan *writePlan, late *lateFlips
 			syscall.Madvise(m[k.zapped.Load():lo], syscall.MADV_DONTNEED)
 			k.zapped.Store(lo)
 		}
+		// What writes over records mapped again behind that release is
+		// released again (what lies past it goes with it later). Another
+		// chunk's write over records there faults it in once more.
+		if hi := min(ch.remapHi, k.zapped.Load()); m != nil && hi > ch.remapLo {
+			syscall.Madvise(m[ch.remapLo:hi], syscall.MADV_DONTNEED)
+		}
 		if ch.last && werr == nil && late != nil && late.allWritten != nil {
 			close(late.allWritten)
 		}
@@ -300,7 +309,6 @@ func slowMap(m []byte, first int64) bool {
 		if hi <= lo {
 			break // a file of one window: its verdict
 		}
-		const madvPopulateRead = 22
 		t := time.Now()
 		if syscall.Madvise(m[lo:hi], madvPopulateRead) != nil {
 			return false // no MADV_POPULATE_READ (before Linux 5.14): faults as read
@@ -312,6 +320,13 @@ func slowMap(m []byte, first int64) bool {
 	}
 	return slow
 }
+
+// madvPopulateRead is MADV_POPULATE_READ (Linux 5.14), which package
+// syscall lacks.
+const madvPopulateRead = 22
+
+// pageSize is the system's page size, on which madvise's ranges start.
+var pageSize = syscall.Getpagesize()
 
 // errChunkQuit ends the chunker when the writer has failed.
 var errChunkQuit = errors.New("chunked copy stopped")
@@ -536,7 +551,6 @@ func (k *chunker) record(s *outStorage) error {
 					// The next window's entries in one call.
 					wlo := max(k.populated, (st.rec.offset+lo)&^(2<<20-1))
 					whi := min(max(end, wlo+chunkWindow), int64(len(m)))
-					const madvPopulateRead = 22
 					syscall.Madvise(m[wlo:whi], madvPopulateRead)
 					k.populated = whi
 				}
@@ -590,6 +604,12 @@ func (k *chunker) record(s *outStorage) error {
 	}
 	return nil
 }
+
+// patchScratch is about the most flipped or read bytes a chunk of writes
+// over records holds (one run may take it past): such chunks are many and
+// small, and each of the chunks in flight keeps its scratch for its next
+// use, so this bounds what they hold at once.
+const patchScratch = 256 << 10
 
 // overwriteGap is the most bytes between two flipped runs of a record that
 // patch writes again in one write rather than two: a write costs a few
@@ -717,7 +737,7 @@ func (k *chunker) patch() error {
 				return err
 			}
 		}
-		if len(pc.ops) >= 64 || pc.scratch() > chunkLen/2 {
+		if len(pc.ops) >= 64 || pc.scratch() >= patchScratch {
 			if err := writeGroup(); err != nil {
 				return err
 			}
@@ -770,19 +790,37 @@ func (k *chunker) patchFlips(pc **outChunk, d *chunkEnd, t *Tensor, newChunk fun
 	released := k.zapped.Load()
 	for i, sp := range spans {
 		lo, hi := sp[0], sp[1]
-		if (*pc).scratch()+hi-lo > chunkLen {
+		need := hi - lo
+		if k.m != nil {
+			need = l.Flipped(t.negate, lo, hi-lo)
+		}
+		if s := (*pc).scratch(); s > 0 && s+need > patchScratch {
 			if err := newChunk(); err != nil {
 				return err
 			}
 		}
 		ch := *pc
-		if k.m != nil && st.rec.offset+lo >= released+2*chunkRelease {
+		if k.m != nil && hi > lo {
+			if a := st.rec.offset + lo; a < released+2*chunkRelease {
+				// Where the writer has released the map, or may by
+				// the time this is written, the run's pages are
+				// mapped again in one call (faulted in, they would
+				// come a few at a time) and released once written
+				// (remapLo, remapHi), rather than read into a
+				// buffer: the buffers were 3 MB of fresh heap on
+				// densenet201 trained, a MB a chunk in flight.
+				pa := a &^ int64(pageSize-1)
+				pb := min((st.rec.offset+hi+int64(pageSize)-1)&^int64(pageSize-1), int64(len(k.m)))
+				syscall.Madvise(k.m[pa:pb], madvPopulateRead)
+				if ch.remapHi == 0 {
+					ch.remapLo = pa
+				}
+				ch.remapLo, ch.remapHi = min(ch.remapLo, pa), max(ch.remapHi, pb)
+			}
 			src := k.m[st.rec.offset+lo : st.rec.offset+hi]
-			ch.pieces = l.Segments(room(&ch.flips, l.Flipped(t.negate, lo, hi-lo), 64<<10), src, t.negate, lo, ch.pieces)
+			ch.pieces = l.Segments(room(&ch.flips, need, patchScratch), src, t.negate, lo, ch.pieces)
 		} else if hi > lo {
-			// Read where the writer has released the map, or may by
-			// the time this is written: mapped again, those pages
-			// would fault in a few at a time and stay.
+			// Read where there is no map.
 			b := room(&ch.data, hi-lo, chunkLen)
 			if _, err := k.c.f.ReadAt(b, st.rec.offset+lo); err != nil {
 				return fmt.Errorf("%s: reading %s: %w", k.c.Path, st.rec.name, err)

@@ -222,7 +222,6 @@ func (mp *mapper) close() {
 func prepareWindow(w *mapWindow, l negate.Layout, chans []int, off int64) (fault any) {
 	debug.SetPanicOnFault(true) // per goroutine
 	defer func() { fault = recover() }()
-	const madvPopulateRead = 22
 	syscall.Madvise(w.m, madvPopulateRead)
 	n := int64(len(w.data))
 	nchunks := int((n + mapChunk - 1) / mapChunk)
@@ -384,7 +383,6 @@ func (c *Checkpoint) mapsFaster(z *zipWriter, st *Storage) bool {
 		if err != nil {
 			return false
 		}
-		const madvPopulateRead = 22
 		if syscall.Madvise(m, madvPopulateRead) != nil {
 			// No MADV_POPULATE_READ (before Linux 5.14): the copy's maps
 			// then fault their pages in as they are read, a cost this
