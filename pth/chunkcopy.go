@@ -103,7 +103,7 @@ type outChunk struct {
 	ops    []chunkOp
 	arena  []byte // headers and descriptors
 	flips  []byte // bytes of negated channels, flipped
-	data   []byte // bytes read from the input (chunkFromReads, or released from the map)
+	data   []byte // bytes read from the input (chunkFromReads)
 	inPos  int64  // the input offset after its last mapped byte
 	// remapLo and remapHi bound the input's pages that writes over records
 	// mapped again (chunker.patchFlips), released once written.
