@@ -62,14 +62,30 @@ func hugeHeap(n int) (lo, hi uintptr) {
 	if _, _, e := syscall.Syscall(syscall.SYS_MADVISE, lo, hi-lo, syscall.MADV_HUGEPAGE); e != 0 {
 		lo, hi = 0, 0 // no THP in this kernel: nothing lost
 	} else {
+		collapsed = collapsed[:0]
 		for q := lo; q < p; q += hugePage {
-			syscall.Syscall(syscall.SYS_MADVISE, q, hugePage, madvCollapse)
+			_, _, e := syscall.Syscall(syscall.SYS_MADVISE, q, hugePage, madvCollapse)
+			if e == syscall.EAGAIN {
+				// Transient (a page locked or referenced elsewhere
+				// for the moment): once more.
+				_, _, e = syscall.Syscall(syscall.SYS_MADVISE, q, hugePage, madvCollapse)
+			}
+			collapsed = append(collapsed, collapse{q, e})
 		}
 	}
 	runtime.KeepAlive(b) // live until advised; the collection below frees it
 	runtime.GC()
 	debug.SetGCPercent(pct)
 	return lo, hi
+}
+
+// collapsed is what hugeHeap's MADV_COLLAPSE calls answered, each huge
+// page's (for the tests: the kernel may refuse for reasons of its own).
+var collapsed []collapse
+
+type collapse struct {
+	addr  uintptr
+	errno syscall.Errno
 }
 
 // hugePage is a transparent huge page on amd64, and on arm64 with 4 KB

@@ -37,9 +37,9 @@ func TestHugeHeap(t *testing.T) {
 			line = l
 		}
 	}
-	var advised, flags string
+	var advised, flags, answer string
 	var huge, lo, hi, fallback, collapsed int64
-	if _, err := fmt.Sscanf(line, "hugeheap advised=%s flags=%s anonhuge=%d lo=%d hi=%d fallback=%d collapsed=%d", &advised, &flags, &huge, &lo, &hi, &fallback, &collapsed); err != nil {
+	if _, err := fmt.Sscanf(line, "hugeheap advised=%s flags=%s anonhuge=%d lo=%d hi=%d fallback=%d collapsed=%d answer=%s", &advised, &flags, &huge, &lo, &hi, &fallback, &collapsed, &answer); err != nil {
 		t.Fatalf("child's report %q: %v\n%s", line, err, out)
 	}
 	if advised == "no" {
@@ -57,12 +57,20 @@ func TestHugeHeap(t *testing.T) {
 	// (MADV_COLLAPSE, Linux 6.1; the kernel may also find no free huge
 	// page, which the fallback count does not see).
 	if collapsed <= 0 {
+		switch answer {
+		case strconv.Itoa(int(syscall.EAGAIN)), strconv.Itoa(int(syscall.ENOMEM)), strconv.Itoa(int(syscall.EBUSY)):
+			// The kernel's own reasons, for the moment (a page locked or
+			// referenced elsewhere, no huge page to collapse into): seen
+			// once in CI beside other jobs, 2026-12-06.
+			collapsed = -2
+			t.Logf("MADV_COLLAPSE over the heap's first pages answered errno %s, twice", answer)
+		}
 		if collapsed == -2 {
-			t.Logf("the heap's first pages were not collapsed: the kernel found no free huge page (thp_collapse_alloc_failed)")
+			t.Logf("the heap's first pages were not collapsed: the kernel found no free huge page (thp_collapse_alloc_failed) or was busy")
 		} else if kernelBefore(6, 1) {
 			t.Logf("the heap's first pages were not collapsed (a kernel before 6.1, without MADV_COLLAPSE)")
 		} else {
-			t.Errorf("right after hugeHeap, the mapping holding an earlier allocation has %d KB of huge pages: its first pages were not collapsed", collapsed)
+			t.Errorf("right after hugeHeap, the mapping holding an earlier allocation has %d KB of huge pages: its first pages were not collapsed (the call over them answered errno %s; \"none\": no call covered them)", collapsed, answer)
 		}
 	}
 	if huge == 0 {
@@ -127,6 +135,14 @@ func hugeHeapChild() {
 	if failed >= 0 && vmstat("thp_collapse_alloc_failed") > failed {
 		collapsed = -2 // the kernel found no free huge page
 	}
+	// What the call over early's huge page answered ("none": no call
+	// covered it).
+	answer := "none"
+	for _, c := range collapsedCalls() {
+		if a := uintptr(unsafe.Pointer(early)); c.addr <= a && a < c.addr+hugePage {
+			answer = strconv.Itoa(int(c.errno))
+		}
+	}
 	fallback := thpFallbacks()
 	b := make([]byte, 8<<20)
 	for i := range b {
@@ -140,7 +156,7 @@ func hugeHeapChild() {
 		advised = "no"
 	}
 	flags, huge := smapsOf(uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b)))))
-	fmt.Printf("hugeheap advised=%s flags=%s anonhuge=%d lo=%d hi=%d fallback=%d collapsed=%d\n", advised, flags, huge, lo, hi, fallback, collapsed)
+	fmt.Printf("hugeheap advised=%s flags=%s anonhuge=%d lo=%d hi=%d fallback=%d collapsed=%d answer=%s\n", advised, flags, huge, lo, hi, fallback, collapsed, answer)
 	runtime.KeepAlive(b)
 	runtime.KeepAlive(early)
 }
@@ -177,3 +193,6 @@ func smapsOf(p uint64) (flags string, huge int64) {
 	}
 	return flags, huge
 }
+
+// collapsedCalls is what hugeHeap's MADV_COLLAPSE calls answered.
+func collapsedCalls() []collapse { return collapsed }
