@@ -62,7 +62,7 @@ func hugeHeap(n int) (lo, hi uintptr) {
 	if _, _, e := syscall.Syscall(syscall.SYS_MADVISE, lo, hi-lo, syscall.MADV_HUGEPAGE); e != 0 {
 		lo, hi = 0, 0 // no THP in this kernel: nothing lost
 	} else {
-		collapsed = collapsed[:0]
+		collapses = collapses[:0]
 		for q := lo; q < p; q += hugePage {
 			_, _, e := syscall.Syscall(syscall.SYS_MADVISE, q, hugePage, madvCollapse)
 			if e == syscall.EAGAIN {
@@ -70,7 +70,7 @@ func hugeHeap(n int) (lo, hi uintptr) {
 				// for the moment): once more.
 				_, _, e = syscall.Syscall(syscall.SYS_MADVISE, q, hugePage, madvCollapse)
 			}
-			collapsed = append(collapsed, collapse{q, e})
+			collapses = append(collapses, collapse{q, e})
 		}
 	}
 	runtime.KeepAlive(b) // live until advised; the collection below frees it
@@ -79,9 +79,9 @@ func hugeHeap(n int) (lo, hi uintptr) {
 	return lo, hi
 }
 
-// collapsed is what hugeHeap's MADV_COLLAPSE calls answered, each huge
+// collapses is what hugeHeap's MADV_COLLAPSE calls answered, each huge
 // page's (for the tests: the kernel may refuse for reasons of its own).
-var collapsed []collapse
+var collapses []collapse
 
 type collapse struct {
 	addr  uintptr

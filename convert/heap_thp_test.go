@@ -138,7 +138,7 @@ func hugeHeapChild() {
 	// What the call over early's huge page answered ("none": no call
 	// covered it).
 	answer := "none"
-	for _, c := range collapsedCalls() {
+	for _, c := range collapses {
 		if a := uintptr(unsafe.Pointer(early)); c.addr <= a && a < c.addr+hugePage {
 			answer = strconv.Itoa(int(c.errno))
 		}
@@ -193,6 +193,3 @@ func smapsOf(p uint64) (flags string, huge int64) {
 	}
 	return flags, huge
 }
-
-// collapsedCalls is what hugeHeap's MADV_COLLAPSE calls answered.
-func collapsedCalls() []collapse { return collapsed }

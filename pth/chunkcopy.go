@@ -618,8 +618,9 @@ const overwriteGap = 16 << 10
 
 // patch writes over, once their changes are out (late: negations once the
 // signs settle, new contents at Finish), the records laid out before:
-// the flipped runs of channels from the input's bytes (the map, or read
-// where the writer has released it), new contents from memory (a BN's
+// the flipped runs of channels from the input's bytes (its map, populated
+// again where the writer has released it; read where there is no map),
+// new contents from memory (a BN's
 // vectors, neighbours, in one write with the headers between), and their
 // descriptors. Those writes go to the writer after every chunk laid out
 // so far, so that they land over the records as first written. It notes them
