@@ -134,17 +134,31 @@ func decode(d DType, b []byte, out []float64) error {
 func encode(d DType, v []float64) ([]byte, error) {
 	le := binary.LittleEndian
 	b := make([]byte, len(v)*d.Size())
-	for i, x := range v {
-		switch d {
-		case Float32:
+	if len(v) == 0 {
+		return b, nil // whatever the dtype, as an element loop would
+	}
+	// A loop per dtype, as decode has, rather than a switch per element:
+	// the rewritten BN vectors of a checkpoint are encoded on a
+	// conversion's path, twice (PrewriteLater's plan and Finish's).
+	switch d {
+	case Float32:
+		for i, x := range v {
 			le.PutUint32(b[4*i:], math.Float32bits(float32(x)))
-		case Float64:
+		}
+	case Float64:
+		for i, x := range v {
 			le.PutUint64(b[8*i:], math.Float64bits(x))
-		case Float16:
+		}
+	case Float16:
+		for i, x := range v {
 			le.PutUint16(b[2*i:], half.Float16(x))
-		case BFloat16:
+		}
+	case BFloat16:
+		for i, x := range v {
 			le.PutUint16(b[2*i:], half.BFloat16(x))
-		case Int64, Int32, Int16, Int8, Uint8, Bool:
+		}
+	case Int64, Int32, Int16, Int8, Uint8, Bool:
+		for i, x := range v {
 			n, err := integral(d, x)
 			if err != nil {
 				return nil, fmt.Errorf("element %d: %w", i, err)
@@ -159,9 +173,9 @@ func encode(d DType, v []float64) ([]byte, error) {
 			default:
 				b[i] = byte(n)
 			}
-		default:
-			return nil, fmt.Errorf("cannot encode real numbers as dtype %s", d)
 		}
+	default:
+		return nil, fmt.Errorf("cannot encode real numbers as dtype %s", d)
 	}
 	return b, nil
 }

@@ -139,3 +139,18 @@ func TestSetValuesOwnsItsCopy(t *testing.T) {
 		t.Errorf("Values = %v after the second SetValues, want [4 5 6]", again)
 	}
 }
+
+// BenchmarkEncode encodes a BN vector's worth of float32 values, as a
+// conversion's plan does for every rewritten vector.
+func BenchmarkEncode(b *testing.B) {
+	v := make([]float64, 1024)
+	for i := range v {
+		v[i] = float64(i) * 0.37
+	}
+	b.SetBytes(int64(len(v)) * 4)
+	for b.Loop() {
+		if _, err := encode(Float32, v); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

