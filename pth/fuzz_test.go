@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -83,12 +84,19 @@ func dataPkl(b []byte) []byte {
 // FuzzScanPickle feeds arbitrary bytes to the scanner and, when it accepts
 // them, to the unpickler with storages resolved to fakes: neither may
 // panic, the scanner must return a prefix of its input, and this
-// package's own code must never hit the internal-error recovery.
+// package's own code must never hit the internal-error recovery. The
+// scan of the bytes in memory (scanPickleBytes) must give what the scan
+// through a reader gives, error included.
 func FuzzScanPickle(f *testing.F) {
 	fuzzSeeds(f, true)
 	f.Fuzz(func(t *testing.T, data []byte) {
 		defer watchdog()()
 		res, err := scanPickle(bufio.NewReader(bytes.NewReader(data)), int64(len(data)))
+		inMem := slices.Clone(data)
+		resMem, errMem := scanPickleBytes(inMem)
+		if fmt.Sprint(err) != fmt.Sprint(errMem) || !sameScan(res, resMem) {
+			t.Fatalf("read through a reader: %v, %+v\nin memory: %v, %+v", err, res, errMem, resMem)
+		}
 		if err != nil {
 			return
 		}
@@ -307,4 +315,11 @@ func sameFloats(a, b []float64) bool {
 		}
 	}
 	return true
+}
+
+// sameScan reports whether two scans found the same: bytes, globals,
+// events, memo, protocol, frames and duplicate key.
+func sameScan(a, b scanned) bool {
+	return bytes.Equal(a.data, b.data) && slices.Equal(a.globals, b.globals) && slices.Equal(a.events, b.events) &&
+		a.memo == b.memo && a.protocol == b.protocol && a.frameReach == b.frameReach && fmt.Sprint(a.dupKey) == fmt.Sprint(b.dupKey)
 }

@@ -415,10 +415,23 @@ func (c *Checkpoint) pickleAhead() *pickleAhead {
 	// faults on the VM measured. The directory's size, where it gives
 	// one, bounds them; a wrong one only fails the scan (nil: read as
 	// the directory says).
+	var res scanned
+	var err error
 	if size, ok := c.pickleSize(string(name)); ok && size <= limit {
+		// Read whole, in one call, and scanned in memory; where the
+		// read fails (a file shorter than its directory says), scanned
+		// as it reads, as before, to meet the same error.
 		limit = size
+		b := make([]byte, size)
+		if _, rerr := c.f.ReadAt(b, off); rerr == nil {
+			res, err = scanPickleBytes(b)
+			if err != nil {
+				return nil
+			}
+			return &pickleAhead{f: c.f, name: string(name), dataOff: off, res: res}
+		}
 	}
-	res, err := scanPickle(bufio.NewReader(io.NewSectionReader(c.f, off, limit)), limit)
+	res, err = scanPickle(bufio.NewReader(io.NewSectionReader(c.f, off, limit)), limit)
 	if err != nil {
 		return nil
 	}
