@@ -86,13 +86,20 @@ func TestPickleAheadSameOutcome(t *testing.T) {
 		{"truncated pickle", with(zrec{name: "archive/data.pkl", data: pkl[:len(pkl)-1]}), false},
 	}
 	dir := t.TempDir()
-	defer func(on bool) { scanAhead = on }(scanAhead)
+	defer func(on bool, max int64) { scanAhead, readWholeMax = on, max }(scanAhead, readWholeMax)
+	whole := readWholeMax
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			path := writeTemp(t, dir, strings.ReplaceAll(tc.name, " ", "_")+".pth", tc.data)
-			var outcome [2]string
-			for i, on := range []bool{false, true} {
-				scanAhead = on
+			// Without the scan ahead; with it, the pickle read whole
+			// and scanned in memory; with it, scanned as it is read.
+			var outcome [3]string
+			for i, mode := range []struct {
+				on    bool
+				whole int64
+			}{{false, whole}, {true, whole}, {true, 0}} {
+				on := mode.on
+				scanAhead, readWholeMax = on, mode.whole
 				c, err := Open(path)
 				if err != nil {
 					outcome[i] = "error: " + err.Error()
@@ -110,8 +117,8 @@ func TestPickleAheadSameOutcome(t *testing.T) {
 				}
 				c.Close()
 			}
-			if outcome[0] != outcome[1] {
-				t.Errorf("without the scan ahead: %s\nwith it: %s", outcome[0], outcome[1])
+			if outcome[0] != outcome[1] || outcome[0] != outcome[2] {
+				t.Errorf("without the scan ahead: %s\nwith it, read whole: %s\nwith it, as read: %s", outcome[0], outcome[1], outcome[2])
 			}
 			t.Logf("%s: %s", filepath.Base(path), outcome[1])
 		})

@@ -418,17 +418,22 @@ func (c *Checkpoint) pickleAhead() *pickleAhead {
 	var res scanned
 	var err error
 	if size, ok := c.pickleSize(string(name)); ok && size <= limit {
-		// Read whole, in one call, and scanned in memory; where the
-		// read fails (a file shorter than its directory says), scanned
-		// as it reads, as before, to meet the same error.
+		// Read whole, in one call, and scanned in memory, up to
+		// readWholeMax: a larger size only claims memory where the scan
+		// as it reads allocates as the bytes arrive, up to the STOP,
+		// which may come much sooner. Where the read fails (a file
+		// shorter than its directory says), scanned as it reads, as
+		// before, to meet the same error.
 		limit = size
-		b := make([]byte, size)
-		if _, rerr := c.f.ReadAt(b, off); rerr == nil {
-			res, err = scanPickleBytes(b)
-			if err != nil {
-				return nil
+		if size <= readWholeMax {
+			b := make([]byte, size)
+			if _, rerr := c.f.ReadAt(b, off); rerr == nil {
+				res, err = scanPickleBytes(b)
+				if err != nil {
+					return nil
+				}
+				return &pickleAhead{f: c.f, name: string(name), dataOff: off, res: res}
 			}
-			return &pickleAhead{f: c.f, name: string(name), dataOff: off, res: res}
 		}
 	}
 	res, err = scanPickle(bufio.NewReader(io.NewSectionReader(c.f, off, limit)), limit)
@@ -437,6 +442,11 @@ func (c *Checkpoint) pickleAhead() *pickleAhead {
 	}
 	return &pickleAhead{f: c.f, name: string(name), dataOff: off, res: res}
 }
+
+// readWholeMax bounds the pickle pickleAhead reads whole before scanning
+// it: real ones are kilobytes to a few megabytes (densenet201: 202 KB). A
+// variable for the tests, which set it to 0 to scan as it reads.
+var readWholeMax int64 = 16 << 20
 
 // pickleSize is the size the zip directory's first entry gives its
 // record, where that entry is the file's first record, name (as torch
