@@ -138,8 +138,8 @@ func encode(d DType, v []float64) ([]byte, error) {
 		return b, nil // whatever the dtype, as an element loop would
 	}
 	// A loop per dtype, as decode has, rather than a switch per element:
-	// the rewritten BN vectors of a checkpoint are encoded on a
-	// conversion's path, twice (PrewriteLater's plan and Finish's).
+	// every rewritten BN vector of a checkpoint is encoded on a
+	// conversion's path (Finish's plan).
 	switch d {
 	case Float32:
 		for i, x := range v {

@@ -415,8 +415,6 @@ func (c *Checkpoint) pickleAhead() *pickleAhead {
 	// faults on the VM measured. The directory's size, where it gives
 	// one, bounds them; a wrong one only fails the scan (nil: read as
 	// the directory says).
-	var res scanned
-	var err error
 	if size, ok := c.pickleSize(string(name)); ok && size <= limit {
 		// Read whole, in one call, and scanned in memory, up to
 		// readWholeMax: a larger size only claims memory where the scan
@@ -428,7 +426,7 @@ func (c *Checkpoint) pickleAhead() *pickleAhead {
 		if size <= readWholeMax {
 			b := make([]byte, size)
 			if _, rerr := c.f.ReadAt(b, off); rerr == nil {
-				res, err = scanPickleBytes(b)
+				res, err := scanPickleBytes(b)
 				if err != nil {
 					return nil
 				}
@@ -436,7 +434,7 @@ func (c *Checkpoint) pickleAhead() *pickleAhead {
 			}
 		}
 	}
-	res, err = scanPickle(bufio.NewReader(io.NewSectionReader(c.f, off, limit)), limit)
+	res, err := scanPickle(bufio.NewReader(io.NewSectionReader(c.f, off, limit)), limit)
 	if err != nil {
 		return nil
 	}

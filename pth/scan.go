@@ -326,19 +326,19 @@ func scan(r *bufio.Reader, mem []byte, limit int64) (res scanned, err error) {
 		}
 	}
 
-	// keys is sized for a dict key per 64 bytes of pickle, more than a
-	// state dict holds (densenet201: 2,633 in 202 KB, its metadata's
-	// included), and at most 4,096 keys (about 200 KB), since limit may
-	// be a whole legacy file's size: grown from empty it rehashed, 0.2
-	// ms of a scan of 1.5 (BenchmarkAnalysis).
 	// The stack is one slice; MARK records where the current frame starts
 	// (Python's metastack), so that a frame costs no slice of its own.
 	var (
-		stack     = make([]sval, 0, 64)
-		marks     []int
-		base      = 0 // where the current frame starts in stack
-		memo      memoTable
-		nextID    = int64(0)
+		stack  = make([]sval, 0, 64)
+		marks  []int
+		base   = 0 // where the current frame starts in stack
+		memo   memoTable
+		nextID = int64(0)
+		// keys is sized for a dict key per 64 bytes of pickle, more than a
+		// state dict holds (densenet201: 2,633 in 202 KB, its metadata's
+		// included), and at most 4,096 keys (about 200 KB), since limit may
+		// be a whole legacy file's size: grown from empty it rehashed, 0.2
+		// ms of a scan of 1.5 (BenchmarkAnalysis).
 		keys      = make(map[dictKey]struct{}, min(max(limit, 0)/64, 1<<12))
 		calls     = map[string]string{} // "global NAME" -> "call NAME", made once
 		frameEnd  = int64(0)
@@ -349,9 +349,10 @@ func scan(r *bufio.Reader, mem []byte, limit int64) (res scanned, err error) {
 	)
 	seenEvent := map[event]bool{}
 	var seenOp [256]bool // the opcode events, one per opcode: the common case, without hashing an event
-	// noteNew adds e where its kind and operands are new; note first
-	// looks an opcode event up by its opcode alone.
-	noteNew := func(e event) {
+	// note adds e where its kind and operands are new. Opcode events,
+	// one per opcode of the stream, are looked up by opcode alone
+	// (seenOp) before one is made.
+	note := func(e event) {
 		e.offset = int64(opStart)
 		key := e
 		key.offset = 0
@@ -359,15 +360,6 @@ func scan(r *bufio.Reader, mem []byte, limit int64) (res scanned, err error) {
 			seenEvent[key] = true
 			res.events = append(res.events, e)
 		}
-	}
-	note := func(e event) {
-		if e.kind == evOpcode && e == (event{kind: evOpcode, op: e.op}) {
-			if seenOp[e.op] {
-				return
-			}
-			seenOp[e.op] = true
-		}
-		noteNew(e)
 	}
 	// Picklers memoize nearly every object they write; one entry per 16
 	// bytes of pickle is more than torch writes, and the guess is bounded
@@ -484,9 +476,9 @@ func scan(r *bufio.Reader, mem []byte, limit int64) (res scanned, err error) {
 		if !info.known {
 			return res, fmt.Errorf("unknown pickle opcode 0x%02x at offset %d", op, opStart)
 		}
-		if !seenOp[op] { // every opcode's event, the first time: note without building one each time
+		if !seenOp[op] {
 			seenOp[op] = true
-			noteNew(event{kind: evOpcode, op: op})
+			note(event{kind: evOpcode, op: op})
 		}
 		var arg []byte
 		var lines [2]string
