@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
@@ -369,8 +370,12 @@ func checkPaths(opt Options) error {
 			}
 		}
 		dir := filepath.Dir(abs)
-		if dst, err := os.Stat(dir); err != nil {
+		if dst, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("%s: directory %s does not exist", o.path, dir)
+		} else if err != nil {
+			// ENAMETOOLONG (a path past PATH_MAX), EACCES, ELOOP:
+			// the system's own words say what is wrong.
+			return fmt.Errorf("%s: %s: directory %s: %w", o.path, o.flag, dir, unwrapPathError(err))
 		} else if !dst.IsDir() {
 			return fmt.Errorf("%s: %s is not a directory", o.path, dir)
 		}

@@ -52,6 +52,9 @@ type Set struct {
 	protect []protected
 	files   []*File
 	state   state
+	// swept holds the directories whose dead runs' temporary files
+	// Create has removed (removeStale), once a set.
+	swept map[string]bool
 }
 
 type protected struct {
@@ -80,6 +83,9 @@ type File struct {
 
 	backup  string // a hard link to the previous file during Commit
 	renamed bool
+	// lock holds the temporary file's advisory lock until it is renamed
+	// or removed (createTemp); nil where none could be taken.
+	lock *os.File
 
 	// wmu is held around every write system call (appended and
 	// positioned alike). The kernel serialises writes to a file anyway
@@ -160,11 +166,18 @@ func (s *Set) Create(path string) (*File, error) {
 	if s.state != open { // a signal came meanwhile
 		return nil, fmt.Errorf("%s: interrupted", path)
 	}
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	if !s.swept[dir] {
+		if s.swept == nil {
+			s.swept = map[string]bool{}
+		}
+		s.swept[dir] = true
+		removeStale(dir)
+	}
+	tmp, held, err := createTemp(dir, path)
 	if err != nil {
 		return nil, fmt.Errorf("%s: creating a temporary file in %s: %w", path, dir, cause(err))
 	}
-	f := &File{set: s, path: path, tmp: tmp.Name(), f: tmp}
+	f := &File{set: s, path: path, tmp: tmp.Name(), f: tmp, lock: held}
 	if fw := withFault(path, lockedWriter{f}); fw != nil {
 		// Unbuffered, so that the fault strikes within the writer's own
 		// call, where a test expects it.
@@ -280,14 +293,19 @@ func (s *Set) Commit() (err error) {
 		return errors.New("interrupted")
 	}
 	for _, f := range s.files {
-		if _, err := os.Lstat(f.path); err == nil {
-			f.backup = linkBackup(f.path)
+		if s.opt.Force {
+			if _, err := os.Lstat(f.path); err == nil {
+				f.backup = linkBackup(f.path)
+			}
 		}
-		if err := os.Rename(f.tmp, f.path); err != nil {
+		if err := rename(f.tmp, f.path, s.opt.Force); err != nil {
 			s.undoLocked()
 			return fmt.Errorf("%s: %w", f.path, cause(err))
 		}
 		f.renamed = true
+	}
+	for _, f := range s.files {
+		f.unlock()
 	}
 	dirs := map[string]bool{}
 	for _, f := range s.files {
@@ -336,6 +354,7 @@ func (s *Set) undoLocked() {
 		if f.f != nil {
 			f.f.Close()
 		}
+		defer f.unlock() // after the removal: a sweeper sees no unlocked leftover
 		switch {
 		case !f.renamed:
 			os.Remove(f.tmp)
@@ -350,6 +369,14 @@ func (s *Set) undoLocked() {
 	}
 	s.state = aborted
 	unregisterLocked(s)
+}
+
+// unlock releases the temporary file's lock.
+func (f *File) unlock() {
+	if f.lock != nil {
+		f.lock.Close()
+		f.lock = nil
+	}
 }
 
 // finish flushes, syncs and closes the temporary file.

@@ -1,0 +1,5 @@
+package output
+
+import "syscall"
+
+const sysRenameat2 = syscall.SYS_RENAMEAT2
