@@ -85,8 +85,10 @@ instead of two. DenseNet dense layers are marked for shared-buffer recomputation
 (Pleiss et al., 2017). Nothing in the checkpoint is executed.
 
 Other inputs: a .safetensors state dict (written back as .safetensors or .pth, and a
-.pth state dict as .safetensors); a whole pickled module (torch.save(model)) that is an
-nn.Sequential chain or a torchvision ResNet, DenseNet or VGG, written as its state dict;
+.pth state dict as .safetensors); a whole pickled module (torch.save(model)): a torchvision
+classifier or segmentation model (ResNet, DenseNet, VGG, RegNet, MNASNet, MobileNetV2/V3,
+ShuffleNetV2, EfficientNet, GoogLeNet, Inception3, FCN, DeepLabV3, LRASPP) or an
+nn.Sequential chain, written as its state dict;
 a state dict of any other network with --graph model.onnx, its export with
 training=torch.onnx.TrainingMode.PRESERVE; and ONNX itself (--onnx-ops). "abnconvert
 revert" turns an InPlace-ABN checkpoint back into plain BatchNorm.
@@ -177,7 +179,7 @@ func convertFlags() []cli.Flag {
 	return []cli.Flag{
 		&cli.StringFlag{Name: "input", Aliases: []string{"i"}, Usage: "checkpoint to convert (.pth/.pt zip or legacy, a whole pickled module, .safetensors, or .onnx)"},
 		&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Usage: "converted checkpoint to write: .pth (zip format, loads with torch.load(weights_only=True)), .safetensors, or .onnx for an ONNX input"},
-		&cli.StringFlag{Name: "emit-module", Usage: "also write a Python file defining `class Model` (inplace_abn layers) that loads the output strictly"},
+		&cli.StringFlag{Name: "emit-module", Usage: "also write a Python file defining class Model (inplace_abn layers) that loads the output strictly"},
 		&cli.StringFlag{Name: "report", Usage: "also write the per-site report as JSON to this file"},
 		archFlag(), reluFlag(), slopeFlag(), graphFlag(),
 		&cli.BoolFlag{Name: "sync", Usage: "use InPlaceABNSync (batch statistics across torch.distributed ranks)"},
@@ -187,7 +189,7 @@ func convertFlags() []cli.Flag {
 		&cli.BoolFlag{Name: "quiet", Aliases: []string{"q"}, Usage: "no table and no progress; errors still go to stderr"},
 		&cli.StringFlag{Name: "dump-after", Usage: "print the IR after the named rewrite pass (to stderr), for debugging"},
 		&cli.StringFlag{Name: "onnx-ops", Value: "custom", Usage: "ONNX output: custom (InPlaceABN nodes in the ai.abnconvert domain), standard (BatchNormalization + activation, runs anywhere), fold (BN folded into Conv, for inference)"},
-		&cli.BoolFlag{Name: "verify", Usage: "then verify the output against the input, as `abnconvert verify` does with its defaults (exit 1 when not preserved)"},
+		&cli.BoolFlag{Name: "verify", Usage: "then verify the output against the input, as abnconvert verify does with its defaults (exit 1 when not preserved)"},
 	}
 }
 

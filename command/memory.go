@@ -37,7 +37,7 @@ func memoryCommand() *cli.Command {
 			"and peak bytes, the saving, the extra compute (recomputed FLOPs over the step's), and\n" +
 			"whether outputs stay exact, with the drift from the baseline measured by running\n" +
 			"every row with real arithmetic on the CPU at a small size.\n\n" +
-			"--device cuda (a binary built with `make cuda`) runs the step on the GPU instead: the\n" +
+			"--device cuda (a binary built with make cuda) runs the step on the GPU instead: the\n" +
 			"same figures from the CUDA backend's allocator, and, after each forward, the device's\n" +
 			"memory as the allocator, its pool and the driver (cuMemGetInfo) see it.\n\n" +
 			"Exit codes: 0 done, 2 bad input, 3 internal error, 4 an op the runtime does not model.",
@@ -58,7 +58,7 @@ func memoryCommand() *cli.Command {
 			&cli.BoolFlag{Name: "force", Aliases: []string{"f"}, Usage: "overwrite an existing --plot file"},
 			&cli.BoolFlag{Name: "fsync", Usage: "flush the --plot file to disk before renaming it into place"},
 			&cli.BoolFlag{Name: "quiet", Aliases: []string{"q"}, Usage: "no progress lines"},
-			&cli.StringFlag{Name: "device", Value: "cpu", Usage: "where the step runs: cpu (shape-only measurement, no arithmetic), or cuda (on the GPU, cross-checked with the driver; a binary built with `make cuda`)"},
+			&cli.StringFlag{Name: "device", Value: "cpu", Usage: "where the step runs: cpu (shape-only measurement, no arithmetic), or cuda (on the GPU, cross-checked with the driver; a binary built with make cuda)"},
 		},
 		Action: memoryAction,
 		OnUsageError: func(c *cli.Context, err error, isSub bool) error {

@@ -44,7 +44,7 @@ func verifyCommand() *cli.Command {
 			&cli.Float64Flag{Name: "rtol", Value: 1e-4, Usage: "tolerance of eval comparisons, relative to the reference's largest magnitude"},
 			&cli.Float64Flag{Name: "train-factor", Value: 25, Usage: "each training comparison passes within this many times its noise: the reference's own float32 error for that tensor, measured on the run"},
 			&cli.BoolFlag{Name: "strict", Usage: "also fail when the declared approximations (ReLU policy, |gamma| < eps) move the outputs beyond --rtol"},
-			&cli.StringFlag{Name: "device", Value: "cpu", Usage: "cpu, or cuda in a binary built with `make cuda`"},
+			&cli.StringFlag{Name: "device", Value: "cpu", Usage: "cpu, or cuda in a binary built with make cuda"},
 			&cli.BoolFlag{Name: "json", Usage: "print the result as JSON"},
 			&cli.BoolFlag{Name: "quiet", Aliases: []string{"q"}, Usage: "no progress lines"},
 		},
