@@ -79,6 +79,9 @@ func memoryAction(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := checkInputSize(c.Int("batch"), c.Int("size")); err != nil {
+		return cli.Exit(err.Error(), ExitBadInput)
+	}
 	opt := memory.Options{
 		Input: c.Args().First(), Arch: c.String("arch"), ReLU: c.String("relu"), Slope: c.Float64("slope"),
 		Batch: c.Int("batch"), Size: c.Int("size"),
@@ -341,4 +344,24 @@ func networkSource(path string, mopt model.Options) (memory.Source, func(graph.W
 		return n.Rebuild(mopt)
 	}
 	return src, structure
+}
+
+// maxInputElems bounds --batch x --size x --size: a layer's activation is
+// at most that many pixels times its channels (a few thousand) times 8
+// bytes, and each such byte count, summed over the layers, must stay far
+// inside int64 and exact in a float64 (2^53) where the report divides it.
+// 2^32 pixels of a batch (a batch of 85,000 images at 224x224) is far
+// past any GPU, with room for 2^21 bytes of channels per pixel.
+const maxInputElems = 1 << 32
+
+// checkInputSize refuses sizes whose byte counts would overflow, naming
+// the limit, rather than printing nonsense figures.
+func checkInputSize(batch, size int) error {
+	if batch < 1 || size < 1 {
+		return fmt.Errorf("--batch %d --size %d: both must be at least 1", batch, size)
+	}
+	if size > maxInputElems || batch > maxInputElems/size/size {
+		return fmt.Errorf("--batch %d --size %d: batch x size x size = %.3g pixels, over the %d (2^32) abnconvert can count in bytes exactly; measure a smaller batch and scale (the activations grow linearly with --batch)", batch, size, float64(batch)*float64(size)*float64(size), maxInputElems)
+	}
+	return nil
 }
