@@ -155,7 +155,30 @@ func (c *Checkpoint) detect() (Format, error) {
 	if _, err := c.f.ReadAt(tar, 257); err == nil && string(tar) == "ustar" {
 		return "", errors.New("the tar-based checkpoint format of torch < 0.4 is not supported")
 	}
+	if what := otherFormat(c.f); what != "" {
+		return "", fmt.Errorf("%w: it looks like %s", errNotPickle, what)
+	}
 	return "", errNotPickle
+}
+
+// otherFormat names the format of a file that is no checkpoint but looks
+// like one abnconvert reads under another name (a renamed file is a
+// common mistake), with the next step; "" when it looks like neither.
+func otherFormat(r io.ReaderAt) string {
+	head := make([]byte, 9)
+	n, _ := r.ReadAt(head, 0)
+	head = head[:n]
+	// ONNX: a ModelProto whose first field is ir_version (tag 0x08, a
+	// small varint) followed by another field's tag, as every exporter
+	// writes it.
+	if len(head) >= 3 && head[0] == 0x08 && head[1] >= 3 && head[1] <= 20 && head[2]&7 == 2 {
+		return "an ONNX model: give it a .onnx name (abnconvert reads ONNX by its extension)"
+	}
+	// safetensors: an 8-byte little-endian header length, then '{'.
+	if len(head) == 9 && head[8] == '{' && binary.LittleEndian.Uint64(head) < 100<<20 {
+		return "a safetensors file: give it a .safetensors name"
+	}
+	return ""
 }
 
 func (c *Checkpoint) scanOnly() ([]string, error) {

@@ -168,6 +168,8 @@ func TestMalformed(t *testing.T) {
 	}{
 		{"empty", nil, "not a PyTorch checkpoint"},
 		{"text", []byte("hello, world\n"), "not a PyTorch checkpoint"},
+		{"onnx named .pth", mustRead(t, "../fixtures/testdata/acts/act_net_op13.onnx"), "looks like an ONNX model: give it a .onnx name"},
+		{"safetensors named .pth", mustRead(t, "../fixtures/testdata/formats4/dtypes.safetensors"), "looks like a safetensors file"},
 		{"truncated zip", convbn[:len(convbn)/2], "zip"},
 		{"truncated legacy", legacy[:len(legacy)-10], "legacy storage"},
 		{"legacy header only", legacy[:200], "legacy"},
@@ -431,4 +433,13 @@ func TestCompareValues(t *testing.T) {
 			check(d, key)
 		}
 	}
+}
+
+func mustRead(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
