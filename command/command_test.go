@@ -33,6 +33,7 @@ func TestExitCodes(t *testing.T) {
 		{"bad policy", []string{"-i", fixture, "-o", filepath.Join(dir, "y.pth"), "--relu", "gelu"}, 2, "--relu", true},
 		{"refused relu", []string{"convert", "-i", fixture, "-o", filepath.Join(dir, "y.pth"), "--relu", "error"}, 2, "relu", true},
 		{"inspect without file", []string{"inspect"}, 2, "inspect takes one", true},
+		{"checkpoint named .py", []string{"-i", fixture, "-o", filepath.Join(dir, "model_abn.py")}, 2, "the Python module is --emit-module", true},
 		{"stray argument", []string{"-i", fixture, "-o", filepath.Join(dir, "y.pth"), "extra"}, 2, "unexpected argument", true},
 	}
 	for _, c := range cases {

@@ -344,6 +344,12 @@ func checkPaths(opt Options) error {
 	if !st.Mode().IsRegular() {
 		return fmt.Errorf("%s: not a regular file", opt.Input)
 	}
+	switch strings.ToLower(filepath.Ext(opt.Output)) {
+	case ".py", ".json", ".txt", ".svg", ".png":
+		// A checkpoint written under such a name is a silent mistake
+		// (a zip in a .py); the likely intent has its own flag.
+		return fmt.Errorf("%s: --output is the converted checkpoint (.pth, .pt, .safetensors, or .onnx for an ONNX input); the Python module is --emit-module, the JSON report --report", opt.Output)
+	}
 	outs := []struct{ flag, path string }{{"--output", opt.Output}, {"--emit-module", opt.EmitModule}, {"--report", opt.ReportPath}}
 	seen := map[string]string{}
 	for _, o := range outs {
