@@ -45,6 +45,10 @@ type Security struct {
 	// cannot read at all).
 	Safe    bool   `json:"safe_with_weights_only"`
 	Verdict string `json:"verdict"`
+	// Stopped says where the file stops being a checkpoint (a bare
+	// pickle named .pth, a truncated legacy file); the verdicts cover the
+	// pickles before it, which torch.load reads, and runs, first.
+	Stopped string `json:"stopped,omitempty"`
 }
 
 // SecurityGlobal is one global and the allowlists' answer for it.
@@ -134,7 +138,7 @@ func pickleSecurity(path string) (*Security, error) {
 	if err != nil {
 		return nil, err
 	}
-	sec := &Security{File: path, Format: string(a.Format), Pickle: true, Protocol: a.Protocol, Globals: []SecurityGlobal{}, Safe: true}
+	sec := &Security{File: path, Format: string(a.Format), Pickle: true, Protocol: a.Protocol, Globals: []SecurityGlobal{}, Safe: true, Stopped: a.Stopped}
 	for _, r := range pth.Releases() {
 		v := r.Verdict(a)
 		sec.Torch = append(sec.Torch, v)
@@ -159,6 +163,11 @@ func pickleSecurity(path string) (*Security, error) {
 		sec.Verdict = fmt.Sprintf("safe to load with torch.load(weights_only=True) in torch %s: every opcode and global it uses is on their allowlists", releaseNames())
 	case len(unsafe) > 0:
 		sec.Verdict = fmt.Sprintf("NOT safe: %s; a plain torch.load would import and call %s while loading", sec.refusals(), strings.Join(unsafe, ", "))
+		if a.Stopped != "" {
+			sec.Verdict += fmt.Sprintf(" (before it fails: %s)", a.Stopped)
+		}
+	case a.Stopped != "" && sec.refusedOnlyWhereStopped():
+		sec.Verdict = fmt.Sprintf("not a loadable checkpoint (%s); nothing in the pickles before that point would run code: torch %s's weights_only unpickler accepts them", a.Stopped, releaseNames())
 	default:
 		// Only compatibility: every global is one some release allows.
 		sec.Verdict = sec.refusals() + "; every global it references is on a torch allowlist: the refusal is of how the pickle is written, not of code it would run"
@@ -167,6 +176,17 @@ func pickleSecurity(path string) (*Security, error) {
 		}
 	}
 	return sec, nil
+}
+
+// refusedOnlyWhereStopped: every release's refusal is the file's end as
+// a checkpoint, not an opcode or a global before it.
+func (s *Security) refusedOnlyWhereStopped() bool {
+	for _, v := range s.Torch {
+		if !v.Accepted && (v.Opcode != "" || v.Global != "") {
+			return false
+		}
+	}
+	return true
 }
 
 // refusals says which releases refuse the file and why, and which accept.
@@ -205,7 +225,14 @@ func (s *Security) WriteText(w io.Writer) {
 		fmt.Fprintf(w, "verdict: %s\n", s.Verdict)
 		return
 	}
-	fmt.Fprintf(w, "%s: %s checkpoint, pickle protocol %d, %d globals referenced (nothing was executed)\n", s.File, s.Format, s.Protocol, len(s.Globals))
+	kind := s.Format + " checkpoint"
+	if s.Format == string(pth.FormatBarePickle) {
+		kind = "a bare pickle, not a checkpoint (torch.load reads it as a legacy one's first pickle)"
+	}
+	fmt.Fprintf(w, "%s: %s, pickle protocol %d, %d globals referenced (nothing was executed)\n", s.File, kind, s.Protocol, len(s.Globals))
+	if s.Stopped != "" {
+		fmt.Fprintf(w, "  not a whole checkpoint: %s\n", s.Stopped)
+	}
 	for _, g := range s.Globals {
 		mark := "allowed"
 		switch {

@@ -30,6 +30,10 @@ const (
 	// FormatLegacy is torch.save(..., _use_new_zipfile_serialization=False):
 	// consecutive pickles followed by raw storages.
 	FormatLegacy Format = "legacy"
+	// FormatBarePickle is a pickle that is no checkpoint (pickle.dump
+	// under a .pth name), which torch.load reads as the legacy format's
+	// first pickle; only the security audit reports it.
+	FormatBarePickle Format = "bare pickle"
 )
 
 // maxPickle bounds data.pkl; real ones are kilobytes to a few megabytes.

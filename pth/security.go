@@ -240,6 +240,12 @@ func (r *Release) Verdict(a *Audit) Verdict {
 			}
 		}
 	}
+	if a.Stopped != "" {
+		// Nothing refused up to where the file stops being a
+		// checkpoint; torch.load fails there (a bare pickle's dict is
+		// no magic number: "Invalid magic number; corrupt file?").
+		return Verdict{Torch: r.Torch, Reason: "not a whole checkpoint: " + a.Stopped}
+	}
 	return Verdict{Torch: r.Torch, Accepted: true}
 }
 
@@ -253,6 +259,10 @@ type Audit struct {
 	Protocol int
 	// Globals lists every global referenced, in order of first appearance.
 	Globals []string
+	// Stopped, when not empty, says where the file stops being a
+	// checkpoint (a bare pickle, a truncated legacy file): the audit
+	// covers the pickles before that point, which torch.load reads first.
+	Stopped string
 	pickles []auditedPickle
 }
 
@@ -283,16 +293,16 @@ func AuditFile(path string) (*Audit, error) {
 }
 
 func (c *Checkpoint) audit() (*Audit, error) {
-	format, err := c.detect()
-	if err != nil {
-		// Protocols 0 and 1 have no PROTO opcode: a legacy checkpoint
-		// written with them starts with the magic number as a text LONG.
-		// Open refuses them; torch.load(weights_only=True) refuses them
-		// too, and the audit says at which opcode.
-		head := make([]byte, 1)
-		if _, rerr := c.f.ReadAt(head, 0); rerr != nil || head[0] != 'L' {
-			return nil, err
-		}
+	format, detectErr := c.detect()
+	if detectErr != nil {
+		// Not a checkpoint by its first bytes, but torch.load reads any
+		// file that is not a zip as the legacy format, whose first pickle
+		// (the magic number) it unpickles before it can tell: a bare
+		// pickle named .pth runs whatever it calls. So the audit walks
+		// what it can: protocols 0 and 1 (no PROTO opcode; a legacy
+		// checkpoint written with them starts with the magic number as a
+		// text LONG), and a bare pickle of any protocol, up to the first
+		// pickle that does not parse.
 		format = FormatLegacy
 	}
 	a := &Audit{Path: c.Path, Format: format}
@@ -328,9 +338,30 @@ func (c *Checkpoint) audit() (*Audit, error) {
 	for i, name := range []string{"magic number", "protocol version", "system info", "main object", "storage key list"} {
 		res, err := scanPickle(br, size-pos)
 		if err != nil {
+			if detectErr != nil && i == 0 {
+				return nil, detectErr // not a pickle at all
+			}
+			if detectErr != nil || i > 0 {
+				// What torch.load would meet up to here is judged;
+				// it stops here too (an error), after running
+				// whatever the pickles before called.
+				before := "the one before it"
+				if i > 1 {
+					before = fmt.Sprintf("the %d before it", i)
+				}
+				a.Stopped = fmt.Sprintf("the %s pickle at byte %d does not parse (%v): torch.load stops there with an error, after unpickling %s", name, pos, err, before)
+				if detectErr != nil || i == 1 {
+					// One pickle and no more: no checkpoint's
+					// magic number, a pickle.dump.
+					a.Format = FormatBarePickle
+				}
+				return a, nil
+			}
 			return nil, fmt.Errorf("legacy %s pickle at offset %d: %w", name, pos, err)
 		}
-		if i == 3 {
+		if i == 0 || i == 3 {
+			// The main object's; the first pickle's until then (a bare
+			// pickle has no other).
 			a.Protocol = res.protocol
 		}
 		add(fmt.Sprintf("the legacy %s pickle at byte %d", name, pos), res)

@@ -3,7 +3,9 @@ package pth
 import (
 	"bufio"
 	"bytes"
+	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 )
 
@@ -154,5 +156,43 @@ func TestMemoTable(t *testing.T) {
 	}
 	if v, ok := m.get(1 << 30); !ok || v.s != "z" {
 		t.Errorf("get(1<<30) = %q, %v", v.s, ok)
+	}
+}
+
+// TestAuditBarePickle: a pickle.dump under a .pth name is no checkpoint,
+// but torch.load unpickles it (as a legacy checkpoint's magic number)
+// before it can tell: the audit judges it, for protocol 0 (no PROTO
+// opcode, not even a legacy layout) and 2 alike, instead of failing
+// where the legacy layout's second pickle should start.
+func TestAuditBarePickle(t *testing.T) {
+	dir := t.TempDir()
+	cases := []struct {
+		name, data string
+		global     string
+	}{
+		{"proto2", "\x80\x02}q\x00X\x01\x00\x00\x00xq\x01cposix\nsystem\nq\x02X\x02\x00\x00\x00lsq\x03\x85q\x04Rq\x05s.", "posix.system"},
+		{"proto0", "(dp0\nVx\np1\ncposix\nsystem\np2\n(Vls\np3\ntp4\nRp5\ns.", "posix.system"},
+		{"plain", "\x80\x02}q\x00X\x01\x00\x00\x00xq\x01K\x01s.", ""},
+	}
+	for _, tc := range cases {
+		p := filepath.Join(dir, tc.name+".pth")
+		if err := os.WriteFile(p, []byte(tc.data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		a, err := AuditFile(p)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if a.Stopped == "" {
+			t.Errorf("%s: the audit does not say the file stops being a checkpoint", tc.name)
+		}
+		if tc.global != "" && !slices.Contains(a.Globals, tc.global) {
+			t.Errorf("%s: globals %v, want %s among them", tc.name, a.Globals, tc.global)
+		}
+		for _, r := range Releases() {
+			if v := r.Verdict(a); v.Accepted {
+				t.Errorf("%s: torch %s accepts it; torch.load fails on it in every case", tc.name, r.Torch)
+			}
+		}
 	}
 }
