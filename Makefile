@@ -9,7 +9,7 @@ LDFLAGS := -X github.com/abnconvert/abnconvert/command.Version=$(VERSION)
 # 0.5 ms: 5.3 to 4.6 ms for `abnconvert --version` (hyperfine, 200 runs).
 TAGS    := urfave_cli_no_docs
 
-.PHONY: build demo test gotest race pytest interop interop-big interop-structure security-torch26 zoo zoo-all zoo-memory verify-fixtures deps fixtures bench clean cuda cuda-test cuda-emu ptx gpu-bench emudriver gpu-emulated torch26 interop-torch26 onnxruntime
+.PHONY: build demo test gotest platforms race pytest interop interop-big interop-structure security-torch26 zoo zoo-all zoo-memory verify-fixtures deps fixtures bench clean cuda cuda-test cuda-emu ptx gpu-bench emudriver gpu-emulated torch26 interop-torch26 onnxruntime
 
 build:
 	$(GO) build -tags $(TAGS) -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/abnconvert
@@ -37,16 +37,32 @@ verify-fixtures: build
 # and the interop test (real PyTorch loads and reproduces what Go wrote).
 test: deps build gotest pytest verify-fixtures interop
 
+# go test's output read by .ci/gotest.py: each package's closing line, the
+# output of failing tests, and every skipped test with its reason; a skip
+# that .ci/skips.allow does not list (with why) fails the target.
 gotest:
 	$(GO) vet ./...
-	$(GO) test ./...
+	bash -o pipefail -c '$(GO) test -json ./... | $(PYTHON) .ci/gotest.py .ci/skips.allow'
+
+# Where abnconvert builds: 64-bit Linux (amd64 and arm64, both vetted here);
+# elsewhere the build stops at once naming the reason (cmd/abnconvert/
+# unsupported.go), which this checks for macOS and Windows.
+platforms:
+	GOARCH=arm64 $(GO) vet ./...
+	@for os in darwin windows; do \
+		if GOOS=$$os $(GO) build -o /dev/null ./cmd/abnconvert 2>/tmp/abn-platform.err; then \
+			echo "GOOS=$$os: the build succeeded; update cmd/abnconvert/unsupported.go and the README"; exit 1; fi; \
+		grep -q abnconvert_builds_only_on_64bit_linux /tmp/abn-platform.err || { cat /tmp/abn-platform.err; \
+			echo "GOOS=$$os: the build failed without naming the supported platforms"; exit 1; }; \
+		echo "GOOS=$$os: refused as intended ($$(tail -1 /tmp/abn-platform.err))"; done
 
 # The packages whose work runs on goroutines side by side (the copy beside
 # the conversion, the placing goroutines, the read-ahead on the directory's
 # goroutine, the edits shared among the cores) under the race detector
-# (needs cgo: gcc). CI runs it; about a minute on two cores.
+# (needs cgo: gcc), and the runtime's and verify's (their kernels and
+# checks run on goroutines too). CI runs it.
 race:
-	$(GO) test -race ./pth/ ./output/ ./convert/ ./model/ ./rewrite/ ./command/
+	$(GO) test -race ./pth/ ./output/ ./convert/ ./model/ ./rewrite/ ./command/ ./runtime/ ./verify/
 
 pytest:
 	$(PYTHON) fixtures/test_standin.py

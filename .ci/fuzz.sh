@@ -7,23 +7,29 @@
 #   .ci/fuzz.sh                 # 20 s per target
 #   FUZZTIME=5m .ci/fuzz.sh     # a longer session
 #
-# Readers whose targets live elsewhere (ONNX, safetensors) add their lines
-# to TARGETS.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH=/usr/local/go/bin:$PATH
 FUZZTIME=${FUZZTIME:-20s}
-TARGETS=(
-	"./pth FuzzScanPickle"
-	"./pth FuzzFastPickle"
-	"./pth FuzzPickleInZip"
-	"./pth FuzzOpenWrite"
-	"./pth FuzzOpenModule"
-	"./pth FuzzOpen"
-	"./onnx FuzzRead"
-	"./safetensors FuzzOpen"
-	"./command FuzzConvert"
-)
+# Every fuzz target of the module, discovered: `go test -list` names the
+# Fuzz functions of each package (a target added anywhere runs without
+# editing this file).
+TARGETS=()
+pkgs=$(go list -f '{{if or .TestGoFiles .XTestGoFiles}}{{.ImportPath}}{{end}}' ./... | sed 's|^github.com/abnconvert/abnconvert|.|')
+for pkg in $pkgs; do
+	if ! names=$(go test "$pkg" -list '^Fuzz'); then
+		echo "fuzz: go test $pkg -list failed" >&2
+		exit 1
+	fi
+	for name in $names; do
+		[[ $name == Fuzz* ]] && TARGETS+=("$pkg $name")
+	done
+done
+if [ ${#TARGETS[@]} -eq 0 ]; then
+	echo "fuzz: no fuzz target found (go test -list failed?)" >&2
+	exit 1
+fi
+echo "fuzz: ${#TARGETS[@]} targets: ${TARGETS[*]}"
 count() { if [ -d "$1" ]; then find "$1" -type f | wc -l; else echo 0; fi; }
 for t in "${TARGETS[@]}"; do
 	read -r pkg name <<<"$t"

@@ -1,3 +1,5 @@
+//go:build linux && (amd64 || arm64)
+
 // Command abnconvert rewrites the BatchNorm + activation layers of a trained
 // convolutional network into InPlace-ABN, so that training keeps less memory.
 //
