@@ -43,6 +43,19 @@ func (c *Checkpoint) Aliases() []Alias {
 	if c.state == nil {
 		return nil
 	}
+	// Most checkpoints have no storage under two tensors: the count the
+	// conversion made already (negating in place needs it) says so
+	// without a map per storage.
+	users, shared := c.storageUsers(), false
+	for _, v := range c.state.vals {
+		if t, ok := v.(*Tensor); ok && users[t.Storage] > 1 {
+			shared = true
+			break
+		}
+	}
+	if !shared {
+		return nil
+	}
 	type view struct {
 		key    string
 		t      *Tensor
@@ -121,22 +134,25 @@ func (t *Tensor) object() *Tensor {
 // the state dict is found, before a copy of the records starts beside the
 // conversion (Prewrite) and its pickler walks the tree.
 func separate(d *Dict) {
-	var seen map[*Tensor]bool
+	// Marked and unmarked again rather than kept in a map: every
+	// checkpoint is searched, and a tensor under two keys is rare.
 	for i, v := range d.vals {
 		t, ok := v.(*Tensor)
 		if !ok {
 			continue
 		}
-		if seen == nil {
-			seen = map[*Tensor]bool{}
-		}
-		if !seen[t] {
-			seen[t] = true
+		if !t.keyed {
+			t.keyed = true
 			continue
 		}
 		cp := *t
 		cp.Shape, cp.Stride = slices.Clone(t.Shape), slices.Clone(t.Stride)
-		cp.twin = t
+		cp.twin, cp.keyed = t, false
 		d.vals[i] = &cp
+	}
+	for _, v := range d.vals {
+		if t, ok := v.(*Tensor); ok {
+			t.keyed = false
+		}
 	}
 }

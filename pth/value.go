@@ -325,6 +325,8 @@ type Tensor struct {
 	// held that one object under two state-dict keys (separate); nil
 	// otherwise.
 	twin *Tensor
+	// keyed marks a tensor met under a key while separate walks a dict.
+	keyed bool
 }
 
 // DType is the tensor's element type.
