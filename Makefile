@@ -71,6 +71,7 @@ interop: build
 	$(PYTHON) fixtures/interop.py --bin $(BIN)
 	$(PYTHON) fixtures/interop_graph.py --bin $(BIN)
 	$(PYTHON) fixtures/acts.py check --bin $(BIN)
+	$(PYTHON) fixtures/alias.py check --bin $(BIN)
 	$(PYTHON) fixtures/shape_nets.py check --bin $(BIN)
 	$(PYTHON) fixtures/stochdepth.py check --bin $(BIN)
 	$(PYTHON) fixtures/ckpts.py check --bin $(BIN)
@@ -146,6 +147,7 @@ fixtures:
 	$(PYTHON) fixtures/ops.py
 	$(PYTHON) fixtures/layout_ops.py
 	$(PYTHON) fixtures/shape_nets.py gen
+	$(PYTHON) fixtures/alias.py gen
 	$(PYTHON) fixtures/stochdepth.py gen  # sd_t26_*: .ci/torch26.sh --run python3 fixtures/stochdepth.py gen --suffix _t26
 
 bench: build

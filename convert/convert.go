@@ -67,9 +67,12 @@ type Result struct {
 	Report    *rewrite.Report `json:"report"`
 	// BNEps is each BN-family node's eps, which revert needs to undo
 	// weight = |gamma| - eps exactly (see revert.go).
-	BNEps    map[string]float64 `json:"bn_eps,omitempty"`
-	Warnings []string           `json:"warnings"`
-	Seconds  float64            `json:"seconds"`
+	BNEps map[string]float64 `json:"bn_eps,omitempty"`
+	// Aliases are the input's groups of keys sharing a storage, and what
+	// the conversion did with each (alias.go).
+	Aliases  []AliasGroup `json:"aliases,omitempty"`
+	Warnings []string     `json:"warnings"`
+	Seconds  float64      `json:"seconds"`
 
 	// body is the table but its last line, laid out ahead (Options.Table);
 	// nil: WriteTable lays it out.
@@ -207,7 +210,7 @@ func Run(opt Options) (*Result, error) {
 		Format: string(ck.Format), StatePath: ck.StatePath, Prefix: ck.Prefix,
 		Arch: match.Arch, Family: match.Family, ExactArch: match.Exact, Notes: match.Notes,
 		Options: ReportOptions{ReLU: opt.ReLU, Slope: opt.Slope, Sync: opt.Sync},
-		Report:  rep, BNEps: bnEps(g),
+		Report:  rep, BNEps: bnEps(g), Aliases: aliasGroups(ck, rep, false),
 	}
 	res.Warnings = append(res.Warnings, rep.Warnings...)
 
@@ -436,6 +439,7 @@ func (r *Result) writeBody(w io.Writer) {
 		fmt.Fprintf(w, "  note: %s\n", n)
 	}
 	r.Report.WriteTable(w) // prints the rewrite's own warnings
+	writeAliases(w, r.Input, r.Aliases)
 	inReport := map[string]bool{}
 	for _, wn := range r.Report.Warnings {
 		inReport[wn] = true

@@ -37,6 +37,9 @@ type Inspection struct {
 	Report    *rewrite.Report `json:"report,omitempty"`
 	// RewriteError says why the conversion would be refused.
 	RewriteError string `json:"rewrite_error,omitempty"`
+	// Aliases are the state dict's groups of keys sharing a storage, and
+	// what a conversion would do with each (alias.go).
+	Aliases []AliasGroup `json:"aliases,omitempty"`
 	// Provenance is the record of the conversion that wrote the file, if
 	// abnconvert did; ProvenanceError says why a record could not be read.
 	Provenance      *model.Provenance `json:"provenance,omitempty"`
@@ -98,6 +101,7 @@ func Inspect(path string, opt Options) (*Inspection, error) {
 		ins.DTypes[string(t.DType())]++
 		ins.Bytes += int64(t.Numel() * t.DType().Size())
 	}
+	ins.Aliases = aliasGroups(ck, nil, false) // what a conversion would change, below
 	g, match, err := arch.Recognize(ck, opt.Arch)
 	if err != nil {
 		ins.ArchError = err.Error()
@@ -118,6 +122,7 @@ func Inspect(path string, opt Options) (*Inspection, error) {
 		return ins, nil
 	}
 	ins.Report = rep
+	ins.Aliases = aliasGroups(ck, rep, false)
 	return ins, nil
 }
 
@@ -150,6 +155,7 @@ func (ins *Inspection) WriteText(w io.Writer) {
 	if !onnxFile {
 		fmt.Fprintf(w, "globals: %s\n", strings.Join(ins.Globals, ", "))
 	}
+	writeAliases(w, ins.File, ins.Aliases)
 	switch {
 	case ins.Provenance != nil:
 		ins.Provenance.WriteText(w)

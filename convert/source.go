@@ -105,6 +105,7 @@ func runState(opt Options, start time.Time) (*Result, error) {
 		Arch: match.Arch, Family: match.Family, ExactArch: match.Exact, Notes: match.Notes,
 		Options: ReportOptions{ReLU: opt.ReLU, Slope: opt.Slope, Sync: opt.Sync},
 		Report:  rep, BNEps: bnEps(g), Warnings: append(append([]string(nil), match.Warnings...), rep.Warnings...),
+		Aliases: aliasGroups(s.Checkpoint, rep, isSafetensors(opt.Output)),
 	}
 	if s.Checkpoint != nil && s.Module == nil && !isSafetensors(opt.Output) {
 		changed := map[string]bool{}
@@ -195,6 +196,7 @@ func inspectState(path string, size int64, opt Options) (*Inspection, error) {
 		ins.DTypes[dt]++
 		ins.Bytes += int64(graph.Numel(shape) * size)
 	}
+	ins.Aliases = aliasGroups(s.Checkpoint, nil, false) // what a conversion would change, below
 	g, match, err := s.Structure(opt.structure())
 	if err != nil {
 		ins.ArchError = err.Error()
@@ -215,5 +217,6 @@ func inspectState(path string, size int64, opt Options) (*Inspection, error) {
 		return ins, nil
 	}
 	ins.Report = rep
+	ins.Aliases = aliasGroups(s.Checkpoint, rep, false)
 	return ins, nil
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/big"
+	"slices"
 	"unicode/utf8"
 )
 
@@ -375,6 +376,13 @@ func (p *pickler) tensor(t *Tensor, depth int) error {
 	out, ok := p.plan.tensors[t]
 	if !ok {
 		return fmt.Errorf("internal error: tensor without a write plan")
+	}
+	// A copy that the plan places where its twin is (neither changed) is
+	// written, as the input wrote it, as a reference to the twin.
+	if t.twin != nil {
+		if tw, ok := p.plan.tensors[t.twin]; ok && tw.st == out.st && tw.offset == out.offset && slices.Equal(tw.stride, out.stride) && p.get(t.twin) {
+			return nil
+		}
 	}
 	if t.Param {
 		p.global("torch._utils", "_rebuild_parameter")

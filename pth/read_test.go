@@ -85,7 +85,8 @@ func prod(s []int) int {
 }
 
 // TestSharedAndViews checks the storage structure torch wrote: shared
-// storages are one *Storage, tied weights one *Tensor, views keep their
+// storages are one *Storage, tied weights (one object) a tensor each of one
+// storage whose copy names the object read as its twin, views keep their
 // offsets and strides.
 func TestSharedAndViews(t *testing.T) {
 	c := openFixture(t, "shared")
@@ -96,8 +97,8 @@ func TestSharedAndViews(t *testing.T) {
 	if a.Storage != b.Storage || a.Offset != 0 || b.Offset != 4 {
 		t.Errorf("a.weight/a.bias: storages %p %p, offsets %d %d", a.Storage, b.Storage, a.Offset, b.Offset)
 	}
-	if x != y {
-		t.Errorf("tied.x and tied.y are distinct tensors, want one")
+	if x == y || x.Storage != y.Storage || y.twin != x || y.object() != x.object() {
+		t.Errorf("tied.x and tied.y: one tensor %v, storages %p %p, twin %p of %p: want a tensor each, one storage, tied.y the twin of tied.x", x == y, x.Storage, y.Storage, y.twin, x)
 	}
 	v := openFixture(t, "views")
 	tr, _ := v.Tensor("m.t")

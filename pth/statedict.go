@@ -107,6 +107,7 @@ func isStateDict(d *Dict) bool {
 }
 
 func (c *Checkpoint) setState(d *Dict, path []string) {
+	separate(d)
 	c.state, c.StatePath = d, path
 	c.keys, c.Carried = nil, nil
 	for i, k := range d.keys {

@@ -321,6 +321,12 @@ type Tensor struct {
 	negate []int
 	// stream writes the bytes of a tensor AddStreamedTensor added.
 	stream func(io.Writer) error
+	// twin is the tensor object this one was copied from, where the input
+	// held that one object under two state-dict keys (separate); nil
+	// otherwise.
+	twin *Tensor
+	// keyed marks a tensor met under a key while separate walks a dict.
+	keyed bool
 }
 
 // DType is the tensor's element type.

@@ -117,8 +117,8 @@ func change(t *testing.T, c *Checkpoint, key string) []float64 {
 }
 
 // TestRoundTripChanged changes tensors of each kind (owning its storage,
-// sharing one, viewing one with an offset or strides, tied under two keys,
-// every dtype) and checks with torch that the changes, and only they,
+// sharing one, viewing one with an offset or strides, tied under two keys
+// (the other key keeps its values), every dtype) and checks with torch that the changes, and only they,
 // arrive, and that storages are reused or created as the rules say.
 func TestRoundTripChanged(t *testing.T) {
 	dir := t.TempDir()
@@ -132,7 +132,9 @@ func TestRoundTripChanged(t *testing.T) {
 		{"convbn_zip", []string{"0.weight", "1.running_var", "1.num_batches_tracked"}, map[string]bool{"0.weight": true, "1.running_var": true, "1.num_batches_tracked": true}},
 		{"convbn_legacy", []string{"1.weight", "4.bias"}, map[string]bool{"1.weight": true, "4.bias": true}},
 		{"dtypes", []string{"f16", "bf16", "f64", "i8", "u8", "bool", "i64", "scalar"}, map[string]bool{"f16": true, "bf16": true, "f64": true, "i8": true, "u8": true, "bool": true, "i64": true, "scalar": true}},
-		{"shared", []string{"a.bias", "tied.x"}, map[string]bool{"tied.x": true}},
+		// tied.x and tied.y are one tensor object: a change through
+		// tied.x reaches tied.x only, written to a record of its own.
+		{"shared", []string{"a.bias", "tied.x"}, nil},
 		{"views", []string{"m.off", "m.col"}, nil},
 		{"views_legacy", []string{"m.base"}, nil},
 		{"nested", []string{"module.0.weight"}, map[string]bool{"module.0.weight": true}},
@@ -163,9 +165,6 @@ func TestRoundTripChanged(t *testing.T) {
 					t.Fatal(err)
 				}
 				exp, changed := want[k]
-				if k == "tied.y" {
-					exp, changed = want["tied.x"], true
-				}
 				if !changed {
 					if exp, err = c.Values(k); err != nil {
 						t.Fatal(err)

@@ -279,6 +279,12 @@ func TestMalformed(t *testing.T) {
 		{"size mismatch", file(`{"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}`, 8), "needs 12"},
 		{"gap", file(`{"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}`, 8), "leave a gap"},
 		{"overlap", file(`{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}`, 8), "overlap"},
+		// Aliasing (issue 44: one tensor under two keys): a header giving
+		// two names one byte range is refused like any overlap, as the
+		// reference reader refuses it, so a conversion never meets two
+		// names whose bytes it would change together. Empty tensors at
+		// one offset share no byte and are valid.
+		{"alias", file(`{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}`, 8), `"b": bytes [0, 8) overlap`},
 		{"trailing data", file(good, 12), "the file holds 12"},
 		{"missing data", file(good, 4), "the file holds 4"},
 		{"negative dim", file(`{"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}}`, 4), "header"},
