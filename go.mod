@@ -5,6 +5,7 @@ go 1.26.8
 require (
 	github.com/nlpodyssey/gopickle v0.2.0
 	github.com/urfave/cli/v2 v2.27.7
+	golang.org/x/image v0.48.0
 	google.golang.org/protobuf v1.36.12
 )
 

@@ -1,7 +1,11 @@
 package memory
 
 import (
+	"bytes"
 	"errors"
+	"image"
+	"image/color"
+	"image/png"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -108,6 +112,35 @@ func TestPlot(t *testing.T) {
 	}
 	if _, err := Plot("mem.pdf", r); err == nil {
 		t.Fatal("pdf accepted")
+	}
+	// The PNG carries its labels (it once had lines only): dark pixels
+	// where the title, the MiB scale and the axis's name are written.
+	b, _ := Plot("mem.png", r)
+	img, err := png.Decode(bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dark := func(r image.Rectangle) (n int) {
+		for y := r.Min.Y; y < r.Max.Y; y++ {
+			for x := r.Min.X; x < r.Max.X; x++ {
+				if c := color.GrayModel.Convert(img.At(x, y)).(color.Gray); c.Y < 0x80 {
+					n++
+				}
+			}
+		}
+		return n
+	}
+	for _, area := range []struct {
+		what string
+		r    image.Rectangle
+	}{
+		{"title", image.Rect(70, 8, 500, 26)},
+		{"MiB scale", image.Rect(0, 40, 66, 430)},
+		{"x axis's name", image.Rect(300, 455, 600, 475)},
+	} {
+		if n := dark(area.r); n < 50 {
+			t.Errorf("PNG: %d dark pixels where the %s is written; want text", n, area.what)
+		}
 	}
 }
 

@@ -10,6 +10,10 @@ import (
 	"path/filepath"
 	"strings"
 
+	"golang.org/x/image/font"
+	"golang.org/x/image/font/basicfont"
+	"golang.org/x/image/math/fixed"
+
 	"github.com/abnconvert/abnconvert/runtime"
 )
 
@@ -47,7 +51,7 @@ func Plot(path string, r *Result) ([]byte, error) {
 	case ".svg":
 		return svg(title, ss), nil
 	case ".png":
-		return pngPlot(ss)
+		return pngPlot(title, ss)
 	}
 	return nil, fmt.Errorf("%s: --plot writes .svg or .png", path)
 }
@@ -103,33 +107,65 @@ func xmlEscape(s string) string {
 	return strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;", `"`, "&quot;").Replace(s)
 }
 
-// pngPlot draws the same lines without text (the SVG carries the labels):
-// a grid line every fifth of the maximum, the forward/backward divide.
-func pngPlot(ss []series) ([]byte, error) {
-	const W, H, M = 900, 480, 30
+// pngPlot draws what the SVG draws, labels included (a bitmap font, so
+// that the PNG stands alone in a report or a chat): the title, the MiB
+// scale on a grid line every fifth of the maximum, the forward/backward
+// divide, the axis's name and the legend.
+func pngPlot(title string, ss []series) ([]byte, error) {
+	const W, H, L, R, T, B = 900, 480, 70, 20, 40, 50
 	img := image.NewRGBA(image.Rect(0, 0, W, H))
 	for i := range img.Pix {
 		img.Pix[i] = 0xff
 	}
 	_, ymax := bounds(ss)
-	xs := func(s series, i int) int { return M + (W-2*M)*i/max(1, len(s.ys)-1) }
-	y := func(v float64) int { return H - M - int(float64(H-2*M)*v/ymax) }
+	xs := func(s series, i int) int { return L + (W-L-R)*i/max(1, len(s.ys)-1) }
+	y := func(v float64) int { return H - B - int(float64(H-T-B)*v/ymax) }
 	grey := color.RGBA{0xdd, 0xdd, 0xdd, 0xff}
+	black := color.RGBA{0x22, 0x22, 0x22, 0xff}
+	text(img, L, 22, title, black, false)
 	for k := 0; k <= 5; k++ {
-		yy := y(ymax * float64(k) / 5)
-		line(img, M, yy, W-M, yy, grey)
+		v := ymax * float64(k) / 5
+		line(img, L, y(v), W-R, y(v), grey)
+		text(img, L-6, y(v)+4, fmt.Sprintf("%.0f MiB", v), black, true)
 	}
-	line(img, W/2, M, W/2, H-M, color.RGBA{0x99, 0x99, 0x99, 0xff})
-	for _, s := range ss {
+	mid := (L + W - R) / 2
+	for yy := T; yy < H-B; yy += 7 {
+		line(img, mid, yy, mid, min(yy+3, H-B), color.RGBA{0x99, 0x99, 0x99, 0xff})
+	}
+	centre := func(x, y int, s string) { text(img, x-width(s)/2, y, s, black, false) }
+	centre((L+mid)/2, H-B+20, "forward")
+	centre((mid+W-R)/2, H-B+20, "backward")
+	centre((L+W-R)/2, H-10, "layer (in execution order)")
+	for i, s := range ss {
 		for j := 1; j < len(s.ys); j++ {
 			line(img, xs(s, j-1), y(s.ys[j-1]), xs(s, j), y(s.ys[j]), s.color)
 		}
+		ly := T + 8 + i*16
+		for d := 0; d < 3; d++ {
+			line(img, L+10, ly+d, L+22, ly+d, s.color)
+		}
+		text(img, L+28, ly+5, s.name, black, false)
 	}
 	var b bytes.Buffer
 	if err := png.Encode(&b, img); err != nil {
 		return nil, err
 	}
 	return b.Bytes(), nil
+}
+
+// face is the PNG's font: x/image's 7x13 bitmap, whole in the binary.
+var face = basicfont.Face7x13
+
+func width(s string) int { return font.MeasureString(face, s).Round() }
+
+// text draws s with its baseline at y, starting at x (ending at x when
+// right is set).
+func text(img *image.RGBA, x, y int, s string, c color.RGBA, right bool) {
+	if right {
+		x -= width(s)
+	}
+	d := font.Drawer{Dst: img, Src: image.NewUniform(c), Face: face, Dot: fixed.P(x, y)}
+	d.DrawString(s)
 }
 
 // line draws with Bresenham's algorithm.
