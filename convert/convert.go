@@ -229,7 +229,7 @@ func Run(opt Options) (*Result, error) {
 
 	var module []byte
 	if opt.EmitModule != "" {
-		module, err = emit.Python(g, emit.Options{Header: header(opt, match)})
+		module, err = emit.Python(g, emit.Options{Header: header(opt, match), Counters: ck.Carried})
 		if err != nil {
 			return nil, fmt.Errorf("%s: emitting the Python module: %w", opt.EmitModule, err)
 		}

@@ -127,7 +127,11 @@ func runState(opt Options, start time.Time) (*Result, error) {
 	}
 	var module []byte
 	if opt.EmitModule != "" {
-		module, err = emit.Python(g, emit.Options{Header: header(opt, match)})
+		var counters []string
+		if s.Checkpoint != nil {
+			counters = s.Checkpoint.Carried
+		}
+		module, err = emit.Python(g, emit.Options{Header: header(opt, match), Counters: counters})
 		if err != nil {
 			return nil, fmt.Errorf("%s: emitting the Python module: %w", opt.EmitModule, err)
 		}

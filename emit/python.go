@@ -28,6 +28,10 @@ type Options struct {
 	// NoRecompute emits the nodes of recompute groups one by one, as if
 	// they were not marked: the same function, without the memory saving.
 	NoRecompute bool
+	// Counters are the checkpoint's 0-dim integer tensors that belong to
+	// no layer (an AveragedModel's "n_averaged"): Model registers each as
+	// a buffer, so that the converted checkpoint loads with strict=True.
+	Counters []string
 }
 
 // Python returns the source of a Python module defining class Model, a
@@ -211,6 +215,9 @@ func (p *program) writeInit(b *bytes.Buffer) {
 	b.WriteString("    def __init__(self):\n        super().__init__()\n")
 	if len(p.layers) == 0 {
 		b.WriteString("        pass\n")
+	}
+	for _, k := range p.opt.Counters {
+		fmt.Fprintf(b, "        self.register_buffer(%s, torch.tensor(0, dtype=torch.long))  # carried from the checkpoint, no layer's\n", pyStr(k))
 	}
 	for _, l := range p.layers {
 		call := fmt.Sprintf("_place(self, %s, %s)", pyStr(l.path), l.ctor)
