@@ -40,6 +40,7 @@ func verifyCommand() *cli.Command {
 			&cli.IntFlag{Name: "batch", Value: 2, Usage: "batch size of the random input"},
 			&cli.IntFlag{Name: "size", Value: 64, Usage: "height and width of the random input"},
 			&cli.StringFlag{Name: "input-data", Usage: "a float32/float64 .npy array [N, C, H, W] to use as input instead"},
+			probeFlag(),
 			&cli.Float64Flag{Name: "atol", Value: 1e-6, Usage: "absolute tolerance of eval comparisons"},
 			&cli.Float64Flag{Name: "rtol", Value: 1e-4, Usage: "tolerance of eval comparisons, relative to the reference's largest magnitude"},
 			&cli.Float64Flag{Name: "train-factor", Value: 25, Usage: "each training comparison passes within this many times its noise: the reference's own float32 error for that tensor, measured on the run"},
@@ -64,7 +65,7 @@ func verifyAction(c *cli.Context) error {
 		Graph: c.String("graph"), Sync: c.Bool("sync"),
 		Seed: c.Uint64("seed"), Batch: c.Int("batch"), Size: c.Int("size"), InputData: c.String("input-data"),
 		Atol: c.Float64("atol"), Rtol: c.Float64("rtol"), TrainFactor: c.Float64("train-factor"),
-		Strict: c.Bool("strict"), Device: c.String("device"),
+		Strict: c.Bool("strict"), Device: c.String("device"), Probe: c.String("probe"),
 	}
 	if opt.Original == "" || opt.Converted == "" {
 		return cli.Exit("both --original and --converted are required (see abnconvert verify --help)", ExitBadInput)
@@ -115,6 +116,7 @@ func writeVerify(w io.Writer, r *verify.Result) {
 	for _, wn := range r.Warnings {
 		fmt.Fprintf(w, "  warning: %s\n", wn)
 	}
+	writeProbe(w, r) // probe.go
 	grads, gradFail, gradSkip := 0, 0, 0
 	for _, c := range r.Checks {
 		many := strings.HasPrefix(c.Name, "gradient ") || strings.HasPrefix(c.Name, "running ")
@@ -151,9 +153,5 @@ func writeVerify(w io.Writer, r *verify.Result) {
 	if len(r.Skipped) > 0 {
 		skipped = fmt.Sprintf(" (%d check(s) skipped: they cannot tell a right result from a wrong one)", len(r.Skipped))
 	}
-	if r.Preserved {
-		fmt.Fprintf(w, "PRESERVED: the converted checkpoint computes what the conversion promised%s\n", skipped)
-	} else {
-		fmt.Fprintf(w, "NOT PRESERVED: %d check(s) failed: %s\n", len(r.Failed), strings.Join(r.Failed, ", "))
-	}
+	fmt.Fprintln(w, verdict(r, skipped))
 }
