@@ -57,6 +57,7 @@ interop: build
 	$(PYTHON) fixtures/acts.py check --bin $(BIN)
 	$(PYTHON) fixtures/shape_nets.py check --bin $(BIN)
 	$(PYTHON) fixtures/stochdepth.py check --bin $(BIN)
+	$(PYTHON) fixtures/probe.py check --bin $(BIN)
 	$(PYTHON) fixtures/ckpts.py check --bin $(BIN)
 	$(PYTHON) fixtures/weights_only.py check --bin $(BIN)
 
