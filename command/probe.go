@@ -27,7 +27,8 @@ func writeProbe(w io.Writer, r *verify.Result) {
 		random = fmt.Sprintf(", %d Dropout/StochasticDepth layers in eval mode during the step on both sides", p.RandomLayersEval)
 	}
 	fmt.Fprintf(w, "  the original as abnconvert rebuilt it (%s) against what PyTorch computed on your model (%s, input %v%s):\n", r.Arch, p.File, p.Input, random)
-	stats, statFail := 0, 0
+	stats, statFail, statSkip := 0, 0, 0
+	skipReason := ""
 	const shown = 5 // failing running statistics printed; --json has all
 	for _, c := range p.Checks {
 		mark := "ok  "
@@ -36,6 +37,11 @@ func writeProbe(w io.Writer, r *verify.Result) {
 		}
 		if strings.HasPrefix(c.Name, "running ") {
 			stats++
+			if c.Skipped {
+				statSkip++
+				skipReason = c.Reason
+				continue
+			}
 			if c.Pass {
 				continue
 			}
@@ -49,7 +55,10 @@ func writeProbe(w io.Writer, r *verify.Result) {
 	if statFail > shown {
 		more = fmt.Sprintf(" (%d not listed: --json has every check)", statFail-shown)
 	}
-	fmt.Fprintf(w, "  probe: %d running statistics compared: %d passed, %d failed%s\n", stats, stats-statFail, statFail, more)
+	if statSkip > 0 {
+		more += fmt.Sprintf(", %d skipped: %s", statSkip, skipReason)
+	}
+	fmt.Fprintf(w, "  probe: %d running statistics compared: %d passed, %d failed%s\n", stats, stats-statFail-statSkip, statFail, more)
 }
 
 // verdict is the verdict's last line.

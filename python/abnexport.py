@@ -34,6 +34,8 @@ deep copy):
   height and width, opset 13 by default; under torch 1.x, torch 2's
   symbolic for aten::bernoulli is registered when the model holds
   torchvision's StochasticDepth (torch 1.13 cannot export it otherwise).
+  Its initializers are given the saved state's values (the export's trace
+  moved the running statistics), when the onnx package is installed.
 - PREFIX.probe.pth: a plain dict saved with torch.save (torch.load(...,
   weights_only=True) reads it), keys:
     "abnconvert_probe"        int64 [1]: the format version (1)
@@ -198,9 +200,34 @@ def export(model, input_shape, prefix, opset=13, seed=0):
         torch.onnx.export(exp, x, paths[1], opset_version=opset,
                           training=torch.onnx.TrainingMode.PRESERVE, do_constant_folding=False,
                           input_names=["x"], dynamic_axes={"x": dyn})
+    _restore_initializers(paths[1], state)
     torch.save(state, paths[0])
     torch.save(p, paths[2])
     return paths
+
+
+def _restore_initializers(path, state):
+    """Give the export's initializers the saved state's values: the export's
+    train-mode trace moved the running statistics before torch wrote them,
+    so that PREFIX.onnx converted on its own would not be the model the
+    probe was recorded from. Needs the onnx package; without it the file is
+    left as torch wrote it, with a warning (use it as --graph: the weights
+    then come from PREFIX.pth)."""
+    try:
+        import onnx
+        from onnx import numpy_helper
+    except ImportError:
+        print("abnexport: warning: no onnx package: %s holds the running statistics after the export's trace; "
+              "convert PREFIX.pth with --graph %s (the probe matches PREFIX.pth)" % (path, path), file=sys.stderr)
+        return False
+    m = onnx.load(path)
+    for init in m.graph.initializer:
+        t = state.get(init.name)
+        if torch.is_tensor(t) and list(t.shape) == list(init.dims) and t.is_floating_point():
+            init.CopyFrom(numpy_helper.from_array(t.detach().cpu().float().numpy()
+                                                  if init.data_type == onnx.TensorProto.FLOAT else t.detach().cpu().numpy(), init.name))
+    onnx.save(m, path)
+    return True
 
 
 def _factory(spec):

@@ -299,6 +299,10 @@ func runProbe(p *Probe, g *graph.Graph, w graph.Weights, newBackend func() (runt
 		want, inProbe := p.Stats[k]
 		name := "running " + k
 		switch {
+		case !inRebuild && strings.HasSuffix(k, graph.RoleNumBatches):
+			// An ONNX graph carries no num_batches_tracked (the export
+			// drops its update): nothing to compare with.
+			res.add(Check{Name: name, Pass: true}.skip("the rebuild of the original has no num_batches_tracked (an ONNX graph does not carry it)"))
 		case !inRebuild:
 			res.add(Check{Name: name, Note: "in the probe, not in the rebuild of the original"})
 		case !inProbe:
@@ -324,7 +328,7 @@ func (r *ProbeResult) add(c Check) {
 		c.Metric = "l2"
 	}
 	r.Checks = append(r.Checks, c)
-	if !c.Pass {
+	if !c.Pass && !c.Skipped {
 		r.Failed = append(r.Failed, c.Name)
 	}
 }

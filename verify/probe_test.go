@@ -156,6 +156,12 @@ func TestProbeVerdicts(t *testing.T) {
 	graph := probeFile("cifar.onnx")
 	cifarGraph := probeConverted(t, "cifar", graph)
 	cifarProbe := probeFile("cifar.probe.pth")
+	// The export itself as the input: abnexport.py gave its initializers
+	// the state before the export's trace.
+	onnxOut := filepath.Join(t.TempDir(), "cifar_abn.onnx")
+	if _, err := convert.Run(convert.Options{Input: graph, Output: onnxOut, ReLU: "abn"}); err != nil {
+		t.Fatal(err)
+	}
 	// A probe whose one running variance moved by 1%: the outputs agree,
 	// the statistics' check alone fails.
 	moved := editProbe(t, cifarProbe, func(k string, s []int, v []float64) (string, []int, []float64) {
@@ -181,6 +187,7 @@ func TestProbeVerdicts(t *testing.T) {
 			"probe: eval output", "does not match: convert with --graph " + strings.TrimSuffix(cifarProbe, ".probe.pth") + ".onnx"},
 		{"cifar --graph, its probe", Options{Original: probeFile("cifar.pth"), Converted: cifarGraph, Graph: graph, Probe: cifarProbe}, true, StructureRead, false, "", ""},
 		{"cifar --graph, no probe", Options{Original: probeFile("cifar.pth"), Converted: cifarGraph, Graph: graph}, true, StructureRead, false, "", ""},
+		{"cifar.onnx as the input, its probe", Options{Original: graph, Converted: onnxOut, Probe: cifarProbe}, true, StructureRead, false, "", ""},
 		{"cifar --graph, a statistic moved", Options{Original: probeFile("cifar.pth"), Converted: cifarGraph, Graph: graph, Probe: moved}, false, StructureRead, false,
 			"probe: running layer1.0.bn1.running_var", "BN momentum"},
 	}
