@@ -11,7 +11,7 @@ import (
 )
 
 func probeFlag() cli.Flag {
-	return &cli.StringFlag{Name: "probe", Usage: "a probe python/abnexport.py recorded from your model (PREFIX.probe.pth): the rebuild of the original is first compared with what PyTorch computed on it (eval, one training step, eval again); a difference fails the verdict"}
+	return &cli.StringFlag{Name: "probe", Usage: "a probe python/abnexport.py recorded from your model (PREFIX.probe.pth): the rebuild of the original is first compared with what PyTorch computed on it (eval, one training step, eval again); a difference fails the verdict (on convert it implies --verify)"}
 }
 
 // writeProbe prints the comparison of the rebuild of the original with the

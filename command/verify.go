@@ -15,7 +15,7 @@ func verifyCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "verify",
 		Usage: "prove that a converted checkpoint computes what the original does (eval and one training step)",
-		UsageText: "abnconvert verify --original IN --converted OUT [--relu POLICY --slope S --sync] [--seed N --batch N --size N | --input-data x.npy] [--json]\n\n" +
+		UsageText: "abnconvert verify --original IN --converted OUT [--relu POLICY --slope S --sync] [--seed N --batch N --size N | --input-data x.npy] [--probe P.probe.pth] [--json]\n\n" +
 			"Runs both networks in abnconvert's own runtime: eval outputs, then one training step\n" +
 			"(outputs, input gradient, every parameter gradient and running statistic, mapped\n" +
 			"through the reparametrisation and sign folding), then eval again. The converted\n" +
@@ -28,6 +28,11 @@ func verifyCommand() *cli.Command {
 			"drift fails only with --strict. A check that cannot tell a right result from a\n" +
 			"wrong one (true value zero, or below its float32 noise) is listed as skip, with\n" +
 			"its reason, and is not counted as passed.\n\n" +
+			"The original is rebuilt from its keys and shapes, --graph, a whole module or\n" +
+			"the ONNX input; a rebuild from keys and shapes is an assumption, and the verdict\n" +
+			"says so. --probe FILE (python/abnexport.py records it from your model) compares\n" +
+			"the rebuild with what PyTorch computed first: eval, one training step, eval again;\n" +
+			"a difference fails the verdict with its likely cause.\n\n" +
 			"Exit codes: 0 preserved, 1 not preserved, 2 bad input, 3 internal error, 4 an op the\n" +
 			"runtime does not model (the network is valid; abnconvert cannot run it yet).",
 		Flags: []cli.Flag{

@@ -204,6 +204,24 @@ func TestProbeVerdicts(t *testing.T) {
 			if (res.Probe != nil) != (c.opt.Probe != "") {
 				t.Fatalf("probe result %v with --probe %q", res.Probe, c.opt.Probe)
 			}
+			counted := res.Checks
+			if res.Probe != nil {
+				counted = append(append([]Check(nil), counted...), res.Probe.Checks...)
+			}
+			passed, failed, skipped := 0, 0, 0
+			for _, c := range counted {
+				switch {
+				case c.Skipped:
+					skipped++
+				case c.Pass:
+					passed++
+				default:
+					failed++
+				}
+			}
+			if passed != res.Passed || failed != len(res.Failed) || skipped != len(res.Skipped) {
+				t.Fatalf("counted %d passed, %d failed, %d skipped; the result says %d, %v, %v", passed, failed, skipped, res.Passed, res.Failed, res.Skipped)
+			}
 			if c.failed != "" && !strings.Contains(strings.Join(res.Failed, "\n"), c.failed) {
 				t.Fatalf("failed %v, want %q among them", res.Failed, c.failed)
 			}

@@ -125,7 +125,8 @@ type Result struct {
 	// the checks that could not discriminate (their reasons are in Checks).
 	Failed  []string `json:"failed,omitempty"`
 	Skipped []string `json:"skipped,omitempty"`
-	// Passed, with len(Failed) and len(Skipped), counts the checks.
+	// Passed, with len(Failed) and len(Skipped), counts the checks, the
+	// probe's (Probe.Checks, named "probe: ..." here) included.
 	Passed int `json:"passed"`
 	// FlagsFrom says where the conversion's flags came from: the converted
 	// file's provenance record (with the flags), or the command line.
