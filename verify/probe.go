@@ -27,17 +27,18 @@ const ProbeVersion = 1
 // Probe limits. Both sides are float32 implementations of the same network
 // with different summation orders: on the fixtures and resnet50 they agree
 // to 1e-6..1e-5 of the largest magnitude in eval and in the training
-// forward, while a wrong structure moves the outputs by 1e-1 and a wrong
+// forward (resnet50 with trained-like BN at 2x3x64x64: 4e-5, 6e-5), while a wrong structure moves the outputs by 1e-1 and a wrong
 // momentum the running statistics by 1e-2 or more; 1e-3 leaves a factor of
 // 100 either way. The input gradient is looser: a ReLU mask or max-pool
 // argmax at a value next to zero may fall the other way in the other
 // implementation and move every gradient upstream by a step (1-4% on
-// resnet50 at batch 2, 64x64: see verify's noise), while a wrong structure
-// gives a gradient off by its own size.
+// resnet50 at batch 2, 64x64: see verify's noise; its probe measured 1.0e-2),
+// while a wrong structure gives a gradient off by its own size (1.3 to 3.5
+// measured).
 const (
 	probeEvalLimit  = 1e-3 // eval outputs, before and after the step: max |diff| / max |probe|
 	probeTrainLimit = 1e-3 // training outputs, running statistics: relative L2
-	probeGradLimit  = 5e-2 // input gradient: relative L2
+	probeGradLimit  = 1e-1 // input gradient: relative L2
 )
 
 // Probe is what python/abnexport.py recorded from the user's model.
