@@ -74,6 +74,7 @@ interop: build
 	$(PYTHON) fixtures/alias.py check --bin $(BIN)
 	$(PYTHON) fixtures/shape_nets.py check --bin $(BIN)
 	$(PYTHON) fixtures/stochdepth.py check --bin $(BIN)
+	$(PYTHON) fixtures/probe.py check --bin $(BIN)
 	$(PYTHON) fixtures/ckpts.py check --bin $(BIN)
 	$(PYTHON) fixtures/weights_only.py check --bin $(BIN)
 

@@ -190,6 +190,7 @@ func convertFlags() []cli.Flag {
 		&cli.StringFlag{Name: "dump-after", Usage: "print the IR after the named rewrite pass (to stderr), for debugging"},
 		&cli.StringFlag{Name: "onnx-ops", Value: "custom", Usage: "ONNX output: custom (InPlaceABN nodes in the ai.abnconvert domain), standard (BatchNormalization + activation, runs anywhere), fold (BN folded into Conv, for inference)"},
 		&cli.BoolFlag{Name: "verify", Usage: "then verify the output against the input, as abnconvert verify does with its defaults (exit 1 when not preserved)"},
+		probeFlag(), // probe.go; implies --verify
 	}
 }
 
@@ -231,13 +232,21 @@ func convertAction(c *cli.Context) error {
 		opt.Progress = c.App.ErrWriter
 	}
 	opt.Table = !c.Bool("json") && !c.Bool("quiet")
+	// A probe is read before anything is written: a bad one is bad input,
+	// and leaves no output behind.
+	probe := c.String("probe")
+	if probe != "" {
+		if _, err := verify.ReadProbe(probe); err != nil {
+			return err
+		}
+	}
 	res, err := convert.Run(opt)
 	if err != nil {
 		return err
 	}
 	var ver *verify.Result
-	if c.Bool("verify") {
-		vopt := verify.Options{Original: opt.Input, Converted: opt.Output, Arch: opt.Arch, Graph: opt.Graph, ReLU: opt.ReLU, Slope: opt.Slope, Sync: opt.Sync}
+	if c.Bool("verify") || probe != "" {
+		vopt := verify.Options{Original: opt.Input, Converted: opt.Output, Arch: opt.Arch, Graph: opt.Graph, ReLU: opt.ReLU, Slope: opt.Slope, Sync: opt.Sync, Probe: probe}
 		if !c.Bool("quiet") {
 			vopt.Progress = c.App.ErrWriter
 		}

@@ -15,7 +15,7 @@ func verifyCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "verify",
 		Usage: "prove that a converted checkpoint computes what the original does (eval and one training step)",
-		UsageText: "abnconvert verify --original IN --converted OUT [--relu POLICY --slope S --sync] [--seed N --batch N --size N | --input-data x.npy] [--json]\n\n" +
+		UsageText: "abnconvert verify --original IN --converted OUT [--relu POLICY --slope S --sync] [--seed N --batch N --size N | --input-data x.npy] [--probe P.probe.pth] [--json]\n\n" +
 			"Runs both networks in abnconvert's own runtime: eval outputs, then one training step\n" +
 			"(outputs, input gradient, every parameter gradient and running statistic, mapped\n" +
 			"through the reparametrisation and sign folding), then eval again. The converted\n" +
@@ -28,6 +28,11 @@ func verifyCommand() *cli.Command {
 			"drift fails only with --strict. A check that cannot tell a right result from a\n" +
 			"wrong one (true value zero, or below its float32 noise) is listed as skip, with\n" +
 			"its reason, and is not counted as passed.\n\n" +
+			"The original is rebuilt from its keys and shapes, --graph, a whole module or\n" +
+			"the ONNX input; a rebuild from keys and shapes is an assumption, and the verdict\n" +
+			"says so. --probe FILE (python/abnexport.py records it from your model) compares\n" +
+			"the rebuild with what PyTorch computed first: eval, one training step, eval again;\n" +
+			"a difference fails the verdict with its likely cause.\n\n" +
 			"Exit codes: 0 preserved, 1 not preserved, 2 bad input, 3 internal error, 4 an op the\n" +
 			"runtime does not model (the network is valid; abnconvert cannot run it yet).",
 		Flags: []cli.Flag{
@@ -40,6 +45,7 @@ func verifyCommand() *cli.Command {
 			&cli.IntFlag{Name: "batch", Value: 2, Usage: "batch size of the random input"},
 			&cli.IntFlag{Name: "size", Value: 64, Usage: "height and width of the random input"},
 			&cli.StringFlag{Name: "input-data", Usage: "a float32/float64 .npy array [N, C, H, W] to use as input instead"},
+			probeFlag(),
 			&cli.Float64Flag{Name: "atol", Value: 1e-6, Usage: "absolute tolerance of eval comparisons"},
 			&cli.Float64Flag{Name: "rtol", Value: 1e-4, Usage: "tolerance of eval comparisons, relative to the reference's largest magnitude"},
 			&cli.Float64Flag{Name: "train-factor", Value: 25, Usage: "each training comparison passes within this many times its noise: the reference's own float32 error for that tensor, measured on the run"},
@@ -64,7 +70,7 @@ func verifyAction(c *cli.Context) error {
 		Graph: c.String("graph"), Sync: c.Bool("sync"),
 		Seed: c.Uint64("seed"), Batch: c.Int("batch"), Size: c.Int("size"), InputData: c.String("input-data"),
 		Atol: c.Float64("atol"), Rtol: c.Float64("rtol"), TrainFactor: c.Float64("train-factor"),
-		Strict: c.Bool("strict"), Device: c.String("device"),
+		Strict: c.Bool("strict"), Device: c.String("device"), Probe: c.String("probe"),
 	}
 	if opt.Original == "" || opt.Converted == "" {
 		return cli.Exit("both --original and --converted are required (see abnconvert verify --help)", ExitBadInput)
@@ -115,6 +121,7 @@ func writeVerify(w io.Writer, r *verify.Result) {
 	for _, wn := range r.Warnings {
 		fmt.Fprintf(w, "  warning: %s\n", wn)
 	}
+	writeProbe(w, r) // probe.go
 	grads, gradFail, gradSkip := 0, 0, 0
 	for _, c := range r.Checks {
 		many := strings.HasPrefix(c.Name, "gradient ") || strings.HasPrefix(c.Name, "running ")
@@ -151,9 +158,5 @@ func writeVerify(w io.Writer, r *verify.Result) {
 	if len(r.Skipped) > 0 {
 		skipped = fmt.Sprintf(" (%d check(s) skipped: they cannot tell a right result from a wrong one)", len(r.Skipped))
 	}
-	if r.Preserved {
-		fmt.Fprintf(w, "PRESERVED: the converted checkpoint computes what the conversion promised%s\n", skipped)
-	} else {
-		fmt.Fprintf(w, "NOT PRESERVED: %d check(s) failed: %s\n", len(r.Failed), strings.Join(r.Failed, ", "))
-	}
+	fmt.Fprintln(w, verdict(r, skipped))
 }

@@ -86,6 +86,16 @@ func runONNX(opt Options) (*Result, error) {
 	}
 	res := &Result{Original: opt.Original, Converted: opt.Converted, Arch: orig.Graph.Arch, Device: opt.Device,
 		Input: x.Shape, Seed: opt.Seed, Strict: opt.Strict, FlagsFrom: from, Warnings: warnings}
+	rebuild := func() (*graph.Graph, graph.Weights, func(), error) {
+		m, err := readRunnable(opt.Original, false)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		return m.ONNX.Graph, m.ONNX.Weights, m.Close, nil
+	}
+	if err := opt.againstProbe(res, StructureRead, "", rebuild, newBackend); err != nil {
+		return nil, err
+	}
 	mk := func(g *graph.Graph, w graph.Weights, what string) (*network, error) {
 		return newNetwork(newBackend, opt.Seed, g, w, what, opt.Progress)
 	}

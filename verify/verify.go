@@ -47,6 +47,9 @@ type Options struct {
 	Batch     int
 	Size      int
 	InputData string // .npy file of shape [N, C, H, W]; overrides Batch/Size
+	// Probe is a file python/abnexport.py recorded from the user's model:
+	// the rebuild of the original is compared with it first (probe.go).
+	Probe string
 
 	// Atol and Rtol bound eval-mode differences: |a-b| <= Atol + Rtol*max|ref|.
 	Atol, Rtol float64
@@ -122,7 +125,8 @@ type Result struct {
 	// the checks that could not discriminate (their reasons are in Checks).
 	Failed  []string `json:"failed,omitempty"`
 	Skipped []string `json:"skipped,omitempty"`
-	// Passed, with len(Failed) and len(Skipped), counts the checks.
+	// Passed, with len(Failed) and len(Skipped), counts the checks, the
+	// probe's (Probe.Checks, named "probe: ..." here) included.
 	Passed int `json:"passed"`
 	// FlagsFrom says where the conversion's flags came from: the converted
 	// file's provenance record (with the flags), or the command line.
@@ -130,6 +134,15 @@ type Result struct {
 	// Warnings: no record (which flags to give), or a record naming
 	// another original.
 	Warnings []string `json:"warnings,omitempty"`
+	// Structure is "assumed" (recognised from the state dict's keys and
+	// shapes) or "read" (--graph, an ONNX input, a whole pickled module);
+	// Assumption says what was assumed. Conditional: the verdict holds only
+	// if the assumption does (assumed, and no probe checked it). Probe is
+	// the comparison with --probe (probe.go).
+	Structure   string       `json:"structure"`
+	Assumption  string       `json:"assumption,omitempty"`
+	Conditional bool         `json:"conditional"`
+	Probe       *ProbeResult `json:"probe,omitempty"`
 }
 
 func (o *Options) defaults() {
@@ -312,6 +325,17 @@ func Run(opt Options) (*Result, error) {
 	}
 	res := &Result{Original: opt.Original, Converted: opt.Converted, Arch: match.Arch, Device: opt.Device,
 		Input: x.Shape, Seed: opt.Seed, Strict: opt.Strict, FlagsFrom: from, Warnings: warnings}
+	structure, assumption := structureOf(src.Model, opt, match.Arch)
+	rebuild := func() (*graph.Graph, graph.Weights, func(), error) {
+		n, err := open()
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		return n.Graph, n.Weights, n.Close, nil
+	}
+	if err := opt.againstProbe(res, structure, assumption, rebuild, newBackend); err != nil {
+		return nil, err
+	}
 
 	mk := func(g *graph.Graph, w graph.Weights, what string) (*network, error) {
 		return newNetwork(newBackend, opt.Seed, g, w, what, opt.Progress)
