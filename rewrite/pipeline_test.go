@@ -460,7 +460,9 @@ func TestTinyGamma(t *testing.T) {
 	if !slices.Equal(s.TinyGammaChannels, []int{0, 1, 2}) || math.Abs(s.TinyGammaScaleError-1e-5) > 1e-18 {
 		t.Fatalf("site %+v", s)
 	}
-	if rep.Summary.TinyGamma != 1 || s.Outcome != OutcomeSignFolded || len(rep.Warnings) != 1 || !strings.Contains(rep.Warnings[0], "bn: 3 channel(s) [0 1 2]") {
+	if rep.Summary.TinyGamma != 1 || rep.Summary.Approximated != 1 || s.Outcome != OutcomeApproximated || !slices.Equal(s.FoldedChannels, []int{2, 4}) ||
+		!strings.Contains(s.Reason, "channels [0 1 2] with |gamma| < eps=1e-05 given scale eps") ||
+		len(rep.Warnings) != 1 || !strings.Contains(rep.Warnings[0], "bn: 3 channel(s) [0 1 2]") {
 		t.Fatalf("summary %+v warnings %q", rep.Summary, rep.Warnings)
 	}
 	w, _ := b.w.Values("bn.weight")

@@ -24,8 +24,9 @@ const (
 	OutcomeSignFlipped Outcome = "sign-flipped"
 	// OutcomeFallbackABN: exact, but ABN, not in place.
 	OutcomeFallbackABN Outcome = "fallback-abn"
-	// OutcomeApproximated: the activation changed (ReLU -> leaky_relu), so
-	// the outputs change.
+	// OutcomeApproximated: the activation changed (ReLU -> leaky_relu), or
+	// channels with |gamma| < eps were given scale eps (--tiny-gamma
+	// approx), so the outputs change.
 	OutcomeApproximated Outcome = "approximated"
 )
 
@@ -117,7 +118,7 @@ func (s *site) outcome() Outcome {
 	switch {
 	case s.forced:
 		return OutcomeFallbackABN
-	case s.approx:
+	case s.approx || len(s.tiny) > 0:
 		return OutcomeApproximated
 	case len(s.flipped) > 0:
 		return OutcomeSignFlipped
@@ -241,8 +242,15 @@ func (r *Report) WriteTable(w io.Writer) {
 		why := x.Reason
 		switch {
 		case x.Outcome == OutcomeApproximated:
-			// The warning above says it at length.
-			why = fmt.Sprintf("%s -> %s (outputs change)", x.Activation, x.OpActivation)
+			// The warnings say it at length.
+			var parts []string
+			if x.Activation != x.OpActivation {
+				parts = append(parts, fmt.Sprintf("%s -> %s", x.Activation, x.OpActivation))
+			}
+			if n := len(x.TinyGammaChannels); n > 0 {
+				parts = append(parts, fmt.Sprintf("%d |gamma| < eps at scale eps", n))
+			}
+			why = strings.Join(parts, "; ") + " (outputs change)"
 		case why == "":
 			why = x.Note
 		}
