@@ -100,6 +100,9 @@ or, where neither works, the exact non-in-place ABN layer). InPlace-ABN cannot i
 plain ReLU, so BN + ReLU follows --relu: "leaky" (default) uses leaky_relu(--slope), as
 the InPlace-ABN authors trained, and CHANGES the outputs (fine-tune after converting);
 "abn" keeps ReLU exactly with the ABN layer (no in-place saving there); "error" refuses.
+A channel with |gamma| < eps cannot be represented by |weight| + eps: by default
+(--tiny-gamma exact) its site becomes the exact ABN layer, counted in the report;
+--tiny-gamma approx keeps it in place with scale eps, approximately.
 
 Exit codes (every command):
   0  success
@@ -142,7 +145,7 @@ Examples:
 				UsageText: "abnconvert inspect [--arch NAME] [--relu POLICY] [--json] IN\n" +
 					"abnconvert inspect --security [--json] IN",
 				Flags: []cli.Flag{
-					archFlag(), reluFlag(), slopeFlag(), graphFlag(),
+					archFlag(), reluFlag(), slopeFlag(), tinyGammaFlag(), graphFlag(),
 					&cli.BoolFlag{Name: "json", Usage: "print the inspection as JSON"},
 					&cli.BoolFlag{Name: "security", Usage: "only list the globals the checkpoint's pickle references and whether torch.load(weights_only=True) accepts each (works on files conversion refuses; exit 0 when all are accepted, 2 when some would be refused)"},
 				},
@@ -167,6 +170,13 @@ func reluFlag() cli.Flag {
 	return &cli.StringFlag{Name: "relu", Value: "leaky", Usage: "BN + ReLU policy: leaky (InPlace-ABN leaky_relu(--slope); outputs change), abn (exact ABN relu, no in-place saving), error (refuse)"}
 }
 
+// tinyGammaUsage says what --tiny-gamma chooses between.
+const tinyGammaUsage = "in-place sites with channels whose |gamma| < eps (which InPlace-ABN, scaling by |weight| + eps, cannot represent): exact (ABN for those sites: exact in eval and training, not in place) or approx (in place with scale eps there: outputs and, more, the training step change)"
+
+func tinyGammaFlag() cli.Flag {
+	return &cli.StringFlag{Name: "tiny-gamma", Value: "exact", Usage: tinyGammaUsage}
+}
+
 func graphFlag() cli.Flag {
 	return &cli.StringFlag{Name: "graph", Usage: "an ONNX export of the network (torch.onnx.export with training=torch.onnx.TrainingMode.PRESERVE) giving the structure of a state dict no recogniser knows; parameters are matched by name"}
 }
@@ -181,7 +191,7 @@ func convertFlags() []cli.Flag {
 		&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Usage: "converted checkpoint to write: .pth (zip format, loads with torch.load(weights_only=True)), .safetensors, or .onnx for an ONNX input"},
 		&cli.StringFlag{Name: "emit-module", Usage: "also write a Python file defining class Model (inplace_abn layers) that loads the output strictly"},
 		&cli.StringFlag{Name: "report", Usage: "also write the per-site report as JSON to this file"},
-		archFlag(), reluFlag(), slopeFlag(), graphFlag(),
+		archFlag(), reluFlag(), slopeFlag(), tinyGammaFlag(), graphFlag(),
 		&cli.BoolFlag{Name: "sync", Usage: "use InPlaceABNSync (batch statistics across torch.distributed ranks)"},
 		&cli.BoolFlag{Name: "force", Aliases: []string{"f"}, Usage: "overwrite existing output files"},
 		&cli.BoolFlag{Name: "fsync", Usage: "flush outputs to disk before renaming them into place (durable against power loss; a failed run never leaves partial output either way)"},
@@ -213,6 +223,7 @@ func convertAction(c *cli.Context) error {
 		Arch:       c.String("arch"),
 		ReLU:       c.String("relu"),
 		Slope:      c.Float64("slope"),
+		TinyGamma:  c.String("tiny-gamma"),
 		Sync:       c.Bool("sync"),
 		Force:      c.Bool("force"),
 		Fsync:      c.Bool("fsync"),
@@ -246,7 +257,7 @@ func convertAction(c *cli.Context) error {
 	}
 	var ver *verify.Result
 	if c.Bool("verify") || probe != "" {
-		vopt := verify.Options{Original: opt.Input, Converted: opt.Output, Arch: opt.Arch, Graph: opt.Graph, ReLU: opt.ReLU, Slope: opt.Slope, Sync: opt.Sync, Probe: probe}
+		vopt := verify.Options{Original: opt.Input, Converted: opt.Output, Arch: opt.Arch, Graph: opt.Graph, ReLU: opt.ReLU, Slope: opt.Slope, TinyGamma: opt.TinyGamma, Sync: opt.Sync, Probe: probe}
 		if !c.Bool("quiet") {
 			vopt.Progress = c.App.ErrWriter
 		}
@@ -288,7 +299,7 @@ func inspectAction(c *cli.Context) error {
 		return securityAction(c, c.Args().First())
 	}
 	ins, err := convert.Inspect(c.Args().First(), convert.Options{
-		Arch: c.String("arch"), ReLU: c.String("relu"), Slope: c.Float64("slope"), Graph: c.String("graph"),
+		Arch: c.String("arch"), ReLU: c.String("relu"), Slope: c.Float64("slope"), TinyGamma: c.String("tiny-gamma"), Graph: c.String("graph"),
 	})
 	if err != nil {
 		return err

@@ -42,7 +42,7 @@ func memoryCommand() *cli.Command {
 			"memory as the allocator, its pool and the driver (cuMemGetInfo) see it.\n\n" +
 			"Exit codes: 0 done, 2 bad input, 3 internal error, 4 an op the runtime does not model.",
 		Flags: []cli.Flag{
-			archFlag(), reluFlag(), slopeFlag(),
+			archFlag(), reluFlag(), slopeFlag(), tinyGammaFlag(),
 			&cli.StringFlag{Name: "graph", Usage: "an ONNX export that supplies the structure of a custom architecture (as for convert)"},
 			&cli.IntFlag{Name: "batch", Value: 8, Usage: "batch size"},
 			&cli.IntFlag{Name: "size", Value: 224, Usage: "input height and width"},
@@ -83,7 +83,7 @@ func memoryAction(c *cli.Context) error {
 		return cli.Exit(err.Error(), ExitBadInput)
 	}
 	opt := memory.Options{
-		Input: c.Args().First(), Arch: c.String("arch"), ReLU: c.String("relu"), Slope: c.Float64("slope"),
+		Input: c.Args().First(), Arch: c.String("arch"), ReLU: c.String("relu"), Slope: c.Float64("slope"), TinyGamma: c.String("tiny-gamma"),
 		Batch: c.Int("batch"), Size: c.Int("size"),
 	}
 	// On the CPU the shape-only backend measures (the CPU backend's figures

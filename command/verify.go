@@ -22,9 +22,11 @@ func verifyCommand() *cli.Command {
 			"network is rebuilt from the flags the conversion used, which the converted file's\n" +
 			"provenance record gives: none needs repeating, and one given that contradicts the\n" +
 			"record is refused (exit 2). A file without a record (an older abnconvert's, or\n" +
-			"another tool's) is verified with the flags given (--relu, --slope, --sync, --arch,\n" +
-			"--graph), defaults for the rest. Sites the ReLU policy approximated are compared exactly against\n" +
-			"the original made leaky there, and their drift from the original is reported;\n" +
+			"another tool's) is verified with the flags given (--relu, --slope, --tiny-gamma, --sync,\n" +
+			"--arch, --graph), defaults for the rest. Sites the ReLU policy approximated are compared\n" +
+			"exactly against the original made leaky there (and |gamma| < eps channels under\n" +
+			"--tiny-gamma approx against the original with scale eps there), and their drift from\n" +
+			"the original is reported, for eval and for the training step;\n" +
 			"drift fails only with --strict. A check that cannot tell a right result from a\n" +
 			"wrong one (true value zero, or below its float32 noise) is listed as skip, with\n" +
 			"its reason, and is not counted as passed.\n\n" +
@@ -39,6 +41,7 @@ func verifyCommand() *cli.Command {
 			&cli.StringFlag{Name: "original", Usage: "the checkpoint before conversion"},
 			&cli.StringFlag{Name: "converted", Usage: "the checkpoint abnconvert wrote"},
 			archFlag(), reluFlag(), slopeFlag(),
+			&cli.StringFlag{Name: "tiny-gamma", Usage: "the conversion's --tiny-gamma (exact or approx); read from the provenance record where there is one; without one, approx (what abnconvert did before the flag)"},
 			&cli.StringFlag{Name: "graph", Usage: "the ONNX export the conversion took its structure from (--graph)"},
 			&cli.BoolFlag{Name: "sync", Usage: "the conversion used --sync"},
 			&cli.Uint64Flag{Name: "seed", Value: 0, Usage: "seed of the random input and output gradient"},
@@ -85,6 +88,13 @@ func verifyAction(c *cli.Context) error {
 	}
 	if c.IsSet("slope") {
 		opt.Slope = c.Float64("slope")
+	}
+	if c.IsSet("tiny-gamma") {
+		switch opt.TinyGamma = c.String("tiny-gamma"); opt.TinyGamma {
+		case "exact", "approx":
+		default:
+			return cli.Exit(fmt.Sprintf("--tiny-gamma %q: want exact or approx (see abnconvert verify --help)", opt.TinyGamma), ExitBadInput)
+		}
 	}
 	if !c.Bool("quiet") {
 		opt.Progress = c.App.ErrWriter
@@ -153,6 +163,14 @@ func writeVerify(w io.Writer, r *verify.Result) {
 		}
 		fmt.Fprintf(w, "  drift from the original (%d sites approximated by the ReLU policy, %d tiny-gamma channels%s): max abs %.3g, rel %.2e, cosine %.6f, top-1 agreement %.0f%%\n",
 			d.Sites, d.TinyGamma, rounded, d.MaxAbs, d.Rel, d.Cosine, 100*d.Top1Agree)
+		if t := d.Train; t != nil {
+			stats := ""
+			if s := t.RunningStats; s != nil {
+				stats = fmt.Sprintf(", running statistics rel %.2e (l2 %.2e, %s)", s.Rel, s.L2, s.Name)
+			}
+			fmt.Fprintf(w, "  training-step drift from the original: output rel %.2e (l2 %.2e), input gradient rel %.2e (l2 %.2e)%s\n",
+				t.Output.Rel, t.Output.L2, t.InputGradient.Rel, t.InputGradient.L2, stats)
+		}
 	}
 	skipped := ""
 	if len(r.Skipped) > 0 {

@@ -33,16 +33,19 @@ type Options struct {
 	Arch       string // "auto" or a name
 	ReLU       string // leaky, abn, error
 	Slope      float64
-	Sync       bool
-	Force      bool
-	Fsync      bool   // flush outputs to disk before renaming them into place
-	ONNXOps    string // ONNX output: custom (default), standard, fold
-	Graph      string // optional ONNX export giving a state dict's structure (--graph)
-	DumpAfter  string
-	Dump       io.Writer
-	Progress   io.Writer // nil: silent
-	Command    string    // the command line, recorded in the emitted module
-	Version    string    // the tool's version, for the provenance record ("dev" when empty)
+	// TinyGamma is the policy for in-place sites with |gamma| < eps: exact
+	// (ABN there; the default) or approx (scale eps, in place).
+	TinyGamma string
+	Sync      bool
+	Force     bool
+	Fsync     bool   // flush outputs to disk before renaming them into place
+	ONNXOps   string // ONNX output: custom (default), standard, fold
+	Graph     string // optional ONNX export giving a state dict's structure (--graph)
+	DumpAfter string
+	Dump      io.Writer
+	Progress  io.Writer // nil: silent
+	Command   string    // the command line, recorded in the emitted module
+	Version   string    // the tool's version, for the provenance record ("dev" when empty)
 	// Table says the caller prints the result's table (WriteTable): a
 	// checkpoint's is laid out while the output is finished.
 	Table bool
@@ -99,9 +102,14 @@ func (r *Result) layOutTable() {
 
 // ReportOptions records the flags that shaped the result.
 type ReportOptions struct {
-	ReLU  string  `json:"relu"`
-	Slope float64 `json:"slope"`
-	Sync  bool    `json:"sync"`
+	ReLU      string  `json:"relu"`
+	Slope     float64 `json:"slope"`
+	TinyGamma string  `json:"tiny_gamma"`
+	Sync      bool    `json:"sync"`
+}
+
+func reportOptions(opt Options) ReportOptions {
+	return ReportOptions{ReLU: opt.ReLU, Slope: opt.Slope, TinyGamma: opt.TinyGamma, Sync: opt.Sync}
 }
 
 func (o *Options) defaults() {
@@ -114,6 +122,9 @@ func (o *Options) defaults() {
 	if o.Slope == 0 {
 		o.Slope = 0.01
 	}
+	if o.TinyGamma == "" {
+		o.TinyGamma = rewrite.TinyGammaExact
+	}
 }
 
 func (o *Options) validate() error {
@@ -121,6 +132,11 @@ func (o *Options) validate() error {
 	case "leaky", "abn", "error":
 	default:
 		return fmt.Errorf("--relu %q: want leaky, abn or error", o.ReLU)
+	}
+	switch o.TinyGamma {
+	case rewrite.TinyGammaExact, rewrite.TinyGammaApprox:
+	default:
+		return fmt.Errorf("--tiny-gamma %q: want %s (ABN where |gamma| < eps: exact) or %s (in place, scale eps there: approximate)", o.TinyGamma, rewrite.TinyGammaExact, rewrite.TinyGammaApprox)
 	}
 	if !(o.Slope > 0 && o.Slope < 1) {
 		return fmt.Errorf("--slope %g: InPlace-ABN inverts leaky_relu, so the slope must be in (0, 1)", o.Slope)
@@ -209,7 +225,7 @@ func Run(opt Options) (*Result, error) {
 		Input: opt.Input, Output: opt.Output, Module: opt.EmitModule,
 		Format: string(ck.Format), StatePath: ck.StatePath, Prefix: ck.Prefix,
 		Arch: match.Arch, Family: match.Family, ExactArch: match.Exact, Notes: match.Notes,
-		Options: ReportOptions{ReLU: opt.ReLU, Slope: opt.Slope, Sync: opt.Sync},
+		Options: reportOptions(opt),
 		Report:  rep, BNEps: bnEps(g), Aliases: aliasGroups(ck, rep, false),
 	}
 	res.Warnings = append(res.Warnings, rep.Warnings...)
@@ -271,7 +287,10 @@ func Run(opt Options) (*Result, error) {
 // and its classifier, a third of its bytes, are copied while the
 // conversion reads (3 ms sooner in the median of 50 runs than a copy
 // started once the signs settled). It guesses only the order: the output
-// is the same bytes whatever it says.
+// is the same bytes whatever it says. (A site that falls back to ABN for
+// |gamma| < eps, check-tiny-gamma, moves no sign, so its producer may wait
+// for nothing: a cost in time only, and a rare one; TestCopyWhen's write
+// paths compare byte-identical on the tiny-gamma fixtures too.)
 var copyWhen = func(ck *pth.Checkpoint) func(key string, shape []int) pth.When {
 	// The BN weights are read at the first question, which PrewriteLater
 	// asks once the copy has started making the pickle on the other core.
@@ -324,7 +343,7 @@ const maxBNChannels = 1 << 16
 
 func rewriteOptions(opt Options) rewrite.Options {
 	return rewrite.Options{
-		ReLU: opt.ReLU, Slope: opt.Slope, Sync: opt.Sync,
+		ReLU: opt.ReLU, Slope: opt.Slope, TinyGamma: opt.TinyGamma, Sync: opt.Sync,
 		DumpAfter: opt.DumpAfter, Dump: opt.Dump,
 	}
 }

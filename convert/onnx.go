@@ -42,7 +42,7 @@ func runONNX(opt Options, start time.Time) (*Result, error) {
 	res := &Result{
 		Input: opt.Input, Output: opt.Output, Format: "onnx", StatePath: []string{},
 		Arch: m.Graph.Arch, Family: "onnx", ExactArch: true,
-		Options: ReportOptions{ReLU: opt.ReLU, Slope: opt.Slope, Sync: opt.Sync},
+		Options: reportOptions(opt),
 		Report:  rep, Warnings: append([]string(nil), rep.Warnings...),
 	}
 	if opaque := m.Opaque(); len(opaque) > 0 {

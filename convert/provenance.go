@@ -64,7 +64,7 @@ func provenanceOf(opt Options, p *origin, g *graph.Graph, match *arch.Match, rep
 		Tool: "abnconvert", Version: version, Schema: model.ProvenanceSchema,
 		Input: p.input, Structure: p.structure,
 		Arch: opt.Arch, Recognised: match.Arch,
-		ReLU: opt.ReLU, Slope: opt.Slope, Sync: opt.Sync,
+		ReLU: opt.ReLU, Slope: opt.Slope, Sync: opt.Sync, TinyGamma: opt.TinyGamma,
 		BNEps: bnEps(g), Flips: rep.Flips, Sites: []model.Site{},
 	}
 	if isONNX(opt.Output) {
@@ -78,7 +78,7 @@ func provenanceOf(opt Options, p *origin, g *graph.Graph, match *arch.Match, rep
 			Node: s.Node, Op: string(s.Op), Activation: s.Activation, ActivationNode: s.ActivationNode,
 			OpActivation: s.OpActivation, OpActivationParam: s.OpActivationParam, Outcome: string(s.Outcome),
 			FoldedChannels: s.FoldedChannels, FoldedInto: s.FoldedInto, FlippedChannels: s.FlippedChannels,
-			TinyGammaChannels: s.TinyGammaChannels,
+			TinyGammaChannels: s.TinyGammaChannels, TinyGammaExactChannels: s.TinyGammaExactChannels,
 		})
 	}
 	return pr
@@ -87,16 +87,16 @@ func provenanceOf(opt Options, p *origin, g *graph.Graph, match *arch.Match, rep
 // reportOf is the conversion report a provenance record holds: its sites,
 // sign flips and eps, in the form revert and verify read a --report in.
 func reportOf(p *model.Provenance) *Result {
-	rep := &rewrite.Report{Arch: p.Recognised, ReLUPolicy: p.ReLU, Slope: p.Slope, Sync: p.Sync, Flips: p.Flips}
+	rep := &rewrite.Report{Arch: p.Recognised, ReLUPolicy: p.ReLU, Slope: p.Slope, TinyGammaPolicy: p.TinyGammaPolicy(), Sync: p.Sync, Flips: p.Flips}
 	for _, s := range p.Sites {
 		rep.Sites = append(rep.Sites, rewrite.Site{
 			Node: s.Node, Op: graph.Op(s.Op), Activation: s.Activation, ActivationNode: s.ActivationNode,
 			OpActivation: s.OpActivation, OpActivationParam: s.OpActivationParam, Outcome: rewrite.Outcome(s.Outcome),
 			FoldedChannels: s.FoldedChannels, FoldedInto: s.FoldedInto, FlippedChannels: s.FlippedChannels,
-			TinyGammaChannels: s.TinyGammaChannels,
+			TinyGammaChannels: s.TinyGammaChannels, TinyGammaExactChannels: s.TinyGammaExactChannels,
 		})
 	}
-	return &Result{Arch: p.Recognised, Options: ReportOptions{ReLU: p.ReLU, Slope: p.Slope, Sync: p.Sync}, Report: rep, BNEps: p.BNEps}
+	return &Result{Arch: p.Recognised, Options: ReportOptions{ReLU: p.ReLU, Slope: p.Slope, TinyGamma: p.TinyGammaPolicy(), Sync: p.Sync}, Report: rep, BNEps: p.BNEps}
 }
 
 func baseName(p string) string {

@@ -221,7 +221,7 @@ func planFromReport(conv *Result, w graph.Weights, defEps float64, res *RevertRe
 		if st.OpActivation == graph.ActLeakyReLU || st.OpActivation == graph.ActELU {
 			l.Activation = fmt.Sprintf("%s(%g)", st.OpActivation, st.OpActivationParam)
 		}
-		if st.Outcome == rewrite.OutcomeApproximated {
+		if st.Outcome == rewrite.OutcomeApproximated && st.Activation != st.OpActivation {
 			l.Note = fmt.Sprintf("the original network had %s here; the conversion made it %s, so deploy BN + %s to compute what the InPlace-ABN network computed (BN + %s only matches the original up to that approximation)",
 				st.Activation, l.Activation, l.Activation, st.Activation)
 		}

@@ -103,7 +103,7 @@ func runState(opt Options, start time.Time) (*Result, error) {
 		Input: opt.Input, Output: opt.Output, Module: opt.EmitModule,
 		Format: s.Format, StatePath: s.StatePath(), Prefix: s.Prefix(),
 		Arch: match.Arch, Family: match.Family, ExactArch: match.Exact, Notes: match.Notes,
-		Options: ReportOptions{ReLU: opt.ReLU, Slope: opt.Slope, Sync: opt.Sync},
+		Options: reportOptions(opt),
 		Report:  rep, BNEps: bnEps(g), Warnings: append(append([]string(nil), match.Warnings...), rep.Warnings...),
 		Aliases: aliasGroups(s.Checkpoint, rep, isSafetensors(opt.Output)),
 	}

@@ -344,7 +344,24 @@ func Compare(opt Options) (*Comparison, error) {
 		}
 		if t.converted && s.report.Summary.Approximated > 0 {
 			r.Exact = false
-			notes = append(notes, fmt.Sprintf("ReLU to leaky_relu(%g) at %d of %d sites", s.report.Slope, s.report.Summary.Approximated, s.report.Summary.Sites))
+			leaky, tiny := 0, 0
+			for _, x := range s.report.Sites {
+				if x.Outcome != rewrite.OutcomeApproximated {
+					continue
+				}
+				if x.Activation != x.OpActivation {
+					leaky++
+				}
+				if len(x.TinyGammaChannels) > 0 {
+					tiny++
+				}
+			}
+			if leaky > 0 {
+				notes = append(notes, fmt.Sprintf("ReLU to leaky_relu(%g) at %d of %d sites", s.report.Slope, leaky, s.report.Summary.Sites))
+			}
+			if tiny > 0 {
+				notes = append(notes, fmt.Sprintf("|gamma| < eps at scale eps at %d sites (--tiny-gamma approx)", tiny))
+			}
 		}
 		r.Note = strings.Join(notes, "; ")
 		c.Rows = append(c.Rows, r)

@@ -20,8 +20,11 @@ type Options struct {
 	Arch  string
 	ReLU  string
 	Slope float64
-	Batch int
-	Size  int
+	// TinyGamma is the conversion's --tiny-gamma ("" is exact): under
+	// exact, sites with |gamma| < eps are ABN and save nothing.
+	TinyGamma string
+	Batch     int
+	Size      int
 	// Budget, when positive, asks for the largest batch whose peak fits.
 	Budget   int64
 	Progress io.Writer
@@ -151,7 +154,7 @@ func Run(opt Options) (*Result, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", opt.Input, err)
 	}
-	rep, err := rewrite.Run(g1, conv, rewrite.Options{ReLU: opt.ReLU, Slope: opt.Slope})
+	rep, err := rewrite.Run(g1, conv, rewrite.Options{ReLU: opt.ReLU, Slope: opt.Slope, TinyGamma: opt.TinyGamma})
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", opt.Input, err)
 	}

@@ -65,6 +65,10 @@ type Provenance struct {
 	ReLU       string  `json:"relu"`
 	Slope      float64 `json:"slope"`
 	Sync       bool    `json:"sync"`
+	// TinyGamma is --tiny-gamma: exact or approx. A record without it was
+	// written before the flag existed, when every conversion approximated:
+	// TinyGammaPolicy says so.
+	TinyGamma string `json:"tiny_gamma,omitempty"`
 	// ONNXOps is the ONNX output form (custom, standard, fold); "" for
 	// checkpoints.
 	ONNXOps string `json:"onnx_ops,omitempty"`
@@ -179,6 +183,22 @@ type Site struct {
 	FoldedInto        []string `json:"folded_into,omitempty"`
 	FlippedChannels   []int    `json:"flipped_channels,omitempty"`
 	TinyGammaChannels []int    `json:"tiny_gamma_channels,omitempty"`
+	// TinyGammaExactChannels made the site fall back to ABN (--tiny-gamma
+	// exact): they are held as stored.
+	TinyGammaExactChannels []int `json:"tiny_gamma_exact_channels,omitempty"`
+}
+
+// TinyGammaApprox is the tiny-gamma policy of a record that names none:
+// abnconvert approximated |gamma| < eps (scale eps) before --tiny-gamma.
+const TinyGammaApprox = "approx"
+
+// TinyGammaPolicy is the record's --tiny-gamma, TinyGammaApprox for a
+// record from before the flag.
+func (p *Provenance) TinyGammaPolicy() string {
+	if p.TinyGamma == "" {
+		return TinyGammaApprox
+	}
+	return p.TinyGamma
 }
 
 // DecodeProvenance parses a record; it refuses one that is not this tool's.
@@ -293,7 +313,7 @@ func baseName(p string) string {
 
 // Flags is the record's flags as a command line, for messages.
 func (p *Provenance) Flags() string {
-	s := fmt.Sprintf("--relu %s --slope %g", p.ReLU, p.Slope)
+	s := fmt.Sprintf("--relu %s --slope %g --tiny-gamma %s", p.ReLU, p.Slope, p.TinyGammaPolicy())
 	if p.Sync {
 		s += " --sync"
 	}

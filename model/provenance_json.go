@@ -51,6 +51,10 @@ func (p *Provenance) Encode() ([]byte, error) {
 	b = appendJSONFloat(b, p.Slope)
 	b = append(b, `,"sync":`...)
 	b = strconv.AppendBool(b, p.Sync)
+	if p.TinyGamma != "" {
+		b = append(b, `,"tiny_gamma":`...)
+		b = appendJSONString(b, p.TinyGamma)
+	}
 	if p.ONNXOps != "" {
 		b = append(b, `,"onnx_ops":`...)
 		b = appendJSONString(b, p.ONNXOps)
@@ -116,6 +120,10 @@ func (s *Site) appendJSON(b []byte) []byte {
 		b = append(b, `,"tiny_gamma_channels":`...)
 		b = appendJSONInts(b, s.TinyGammaChannels)
 	}
+	if len(s.TinyGammaExactChannels) > 0 {
+		b = append(b, `,"tiny_gamma_exact_channels":`...)
+		b = appendJSONInts(b, s.TinyGammaExactChannels)
+	}
 	return append(b, '}')
 }
 
@@ -147,7 +155,7 @@ func (p *Provenance) sizeHint() int {
 	}
 	for i := range p.Sites {
 		s := &p.Sites[i]
-		n += 160 + 2*len(s.Node) + 5*(len(s.FoldedChannels)+len(s.FlippedChannels)+len(s.TinyGammaChannels))
+		n += 160 + 2*len(s.Node) + 5*(len(s.FoldedChannels)+len(s.FlippedChannels)+len(s.TinyGammaChannels)+len(s.TinyGammaExactChannels))
 		for _, x := range s.FoldedInto {
 			n += len(x) + 3
 		}

@@ -21,12 +21,12 @@ func TestEncodeAsMarshal(t *testing.T) {
 		{Sites: []Site{}, BNEps: map[string]float64{}, Flips: map[string][]int{}},
 		{Tool: "abnconvert", Version: "dev", Schema: 1, Input: FileDigest{File: "x.pth", SHA256: "ab", Method: DigestZipRecords},
 			Structure: StructureSource{Source: SourceRecogniser, SHA256: "cd"}, Arch: "auto", Recognised: "densenet201",
-			ReLU: "leaky", Slope: 0.01, Sync: true, ONNXOps: "custom",
+			ReLU: "leaky", Slope: 0.01, Sync: true, TinyGamma: "exact", ONNXOps: "custom",
 			BNEps: map[string]float64{"b": 1e-5, "a": 1e-3, "B": 0.001, "a.b": 2e-7},
 			Flips: map[string][]int{"z": {1, 2, 3}, "y": nil, "x": {}, "w": {-1, 0, 1 << 40}},
 			Sites: []Site{{Node: "n", Op: "InPlaceABN", Activation: "relu", OpActivation: "leaky_relu", OpActivationParam: 0.01,
 				Outcome: "folded", FoldedChannels: []int{0, 5}, FoldedInto: []string{"conv.weight", "<b>"}, FlippedChannels: []int{},
-				TinyGammaChannels: []int{7}}, {FoldedInto: []string{}}, {}}},
+				TinyGammaChannels: []int{7}, TinyGammaExactChannels: []int{3, 4}}, {FoldedInto: []string{}}, {}}},
 	}
 	for _, s := range odd {
 		for _, f := range floats {
@@ -68,7 +68,7 @@ func TestEncodeAsMarshal(t *testing.T) {
 	for range 300 {
 		p := &Provenance{Tool: str(), Version: str(), Schema: rng.Intn(5) - 1, Input: FileDigest{str(), str(), str()},
 			Structure: StructureSource{str(), str(), str()}, Arch: str(), Recognised: str(), ReLU: str(), Slope: flt(),
-			Sync: rng.Intn(2) == 0, ONNXOps: str(), BNEps: map[string]float64{}, Flips: map[string][]int{}}
+			Sync: rng.Intn(2) == 0, TinyGamma: str(), ONNXOps: str(), BNEps: map[string]float64{}, Flips: map[string][]int{}}
 		for range rng.Intn(10) {
 			p.BNEps[str()] = flt()
 			p.Flips[str()] = ints()
@@ -77,7 +77,7 @@ func TestEncodeAsMarshal(t *testing.T) {
 			p.Sites = []Site{}
 			for range rng.Intn(6) {
 				s := Site{Node: str(), Op: str(), Activation: str(), ActivationNode: str(), OpActivation: str(),
-					Outcome: str(), FoldedChannels: ints(), FlippedChannels: ints(), TinyGammaChannels: ints()}
+					Outcome: str(), FoldedChannels: ints(), FlippedChannels: ints(), TinyGammaChannels: ints(), TinyGammaExactChannels: ints()}
 				if rng.Intn(2) == 0 {
 					s.OpActivationParam = flt()
 				}

@@ -9,8 +9,9 @@ import (
 
 // reparametrise stores weight = |gamma| - eps at in-place sites, so that the
 // layer's |weight| + eps is |gamma| again. Gammas smaller than eps cannot be
-// represented: they get weight 0 (scale eps) and a warning. ABN sites keep
-// the weight as stored.
+// represented: under --tiny-gamma exact check-tiny-gamma has made their
+// sites ABN; under approx they get weight 0 (scale eps), a warning, and
+// the site is approximated. ABN sites keep the weight as stored.
 func reparametrise(st *State) error {
 	for _, s := range st.sites {
 		if !s.inPlace() {
@@ -38,8 +39,13 @@ func reparametrise(st *State) error {
 			gamma[c] = v - s.eps
 		}
 		if len(s.tiny) > 0 {
-			st.warn = append(st.warn, fmt.Sprintf("%s: %d channel(s) %v with |gamma| < eps=%g stored as weight 0 (scale eps): scale off by up to %.3g",
-				s.bn.Name, len(s.tiny), s.tiny, s.eps, s.tinyErr))
+			st.warn = append(st.warn, fmt.Sprintf("%s: %d channel(s) %v with |gamma| < eps=%g stored as weight 0 (scale eps), approximated (--tiny-gamma %s): scale off by up to %.3g",
+				s.bn.Name, len(s.tiny), s.tiny, s.eps, TinyGammaApprox, s.tinyErr))
+			tiny := fmt.Sprintf("%s with |gamma| < eps=%g given scale eps (--tiny-gamma %s): outputs change, a training step more", channelList(s.tiny, len(gamma)), s.eps, TinyGammaApprox)
+			if s.reason != "" {
+				tiny = s.reason + "; " + tiny
+			}
+			s.reason = tiny
 		}
 	}
 	return nil

@@ -176,11 +176,14 @@ func TestFxEvaluatorMatchesPyTorch(t *testing.T) {
 
 func TestFxConversion(t *testing.T) {
 	for _, name := range fxFixtures {
-		for _, policy := range []string{ReLUABN, ReLULeaky} {
-			t.Run(name+"/"+policy, func(t *testing.T) {
+		for _, tc := range []struct{ policy, tiny string }{
+			{ReLUABN, TinyGammaExact}, {ReLULeaky, TinyGammaExact}, {ReLUABN, TinyGammaApprox}, {ReLULeaky, TinyGammaApprox},
+		} {
+			policy := tc.policy
+			t.Run(name+"/"+policy+"/tiny-"+tc.tiny, func(t *testing.T) {
 				fx, g, w := loadFx(t, name)
 				orig, shapes := snapshot(t, w), shapesOf(w)
-				rep, err := Run(g, w, Options{ReLU: policy})
+				rep, err := Run(g, w, Options{ReLU: policy, TinyGamma: tc.tiny})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -200,16 +203,44 @@ func TestFxConversion(t *testing.T) {
 				}
 				compareTo(t, "reference", fxReference(t, name, policy == ReLULeaky, nil), pytorch)
 				// ...and, with the gammas below eps set to the +-eps that
-				// InPlace-ABN can represent, the converted network must
-				// reproduce it.
+				// InPlace-ABN can represent (--tiny-gamma approx) and the
+				// sites that fell back for them left exact, the converted
+				// network must reproduce it.
 				compareTo(t, "converted", got, fxReference(t, name, policy == ReLULeaky, rep).data)
-				if s.TinyGamma == 0 {
+				switch {
+				case s.TinyGamma == 0, tc.tiny == TinyGammaExact && policy == ReLUABN:
+					// Nothing approximated: PyTorch's own outputs.
 					compareTo(t, "converted", got, pytorch)
-				} else if d := maxAbsDiff(got, &tensor{data: pytorch}); d > 1e-3 {
-					t.Errorf("tiny gammas moved the outputs by %g", d)
+				case tc.tiny == TinyGammaApprox:
+					if d := maxAbsDiff(got, &tensor{data: pytorch}); d > 1e-3 {
+						t.Errorf("tiny gammas moved the outputs by %g", d)
+					}
 				}
-				if s.FallbackABN != 0 || (policy == ReLUABN) != (s.Approximated == 0) ||
-					policy == ReLULeaky && s.Approximated != fx.LeakySites {
+				fellBack := 0
+				for _, x := range rep.Sites {
+					switch {
+					case len(x.TinyGammaExactChannels) > 0:
+						fellBack++
+						if x.Outcome != OutcomeFallbackABN || x.Op != graph.OpABN || tc.tiny != TinyGammaExact || len(x.TinyGammaChannels) > 0 {
+							t.Errorf("site %+v", x)
+						}
+					case len(x.TinyGammaChannels) > 0 && tc.tiny != TinyGammaApprox:
+						t.Errorf("site %s approximated tiny gammas under --tiny-gamma %s", x.Node, tc.tiny)
+					}
+				}
+				// Both fixtures have one in-place site with tiny gammas
+				// (under the leaky policy, where their ReLU sites are in
+				// place).
+				wantBack := 0
+				if tc.tiny == TinyGammaExact && s.TinyGamma > 0 {
+					wantBack = s.TinyGamma
+				}
+				approxSites := fx.LeakySites
+				if tc.tiny == TinyGammaExact {
+					approxSites -= s.TinyGammaFallback // their exact ReLU back
+				}
+				if s.FallbackABN != wantBack || s.TinyGammaFallback != fellBack || fellBack != wantBack || (policy == ReLUABN) != (s.Approximated == 0) ||
+					policy == ReLULeaky && s.Approximated != approxSites || policy == ReLULeaky && s.TinyGamma == 0 {
 					t.Errorf("summary %+v, %d BN+ReLU sites", s, fx.LeakySites)
 				}
 				for _, n := range g.Nodes {
@@ -232,7 +263,7 @@ func TestFxConversion(t *testing.T) {
 				} else if s.DenseLayersMarked != 0 {
 					t.Errorf("a ResNeXt has no dense layers: %v", rep.DenseLayers)
 				}
-				if policy == ReLULeaky {
+				if policy == ReLULeaky && tc.tiny == TinyGammaExact {
 					golden(t, name, rep)
 				}
 			})
@@ -248,8 +279,18 @@ func fxReference(t *testing.T, name string, leaky bool, rep *Report) *tensor {
 	t.Helper()
 	fx, g, w := loadFx(t, name)
 	if leaky {
+		// Given a report, only the sites it approximated: one that fell
+		// back to ABN has its exact ReLU back.
+		approx := map[string]bool{}
+		if rep != nil {
+			for _, s := range rep.Sites {
+				if s.Outcome == OutcomeApproximated {
+					approx[s.ActivationNode] = true
+				}
+			}
+		}
 		for _, n := range g.Nodes {
-			if n.Op == graph.OpReLU && n.Inputs[0].Producer.Op == graph.OpBatchNorm {
+			if n.Op == graph.OpReLU && n.Inputs[0].Producer.Op == graph.OpBatchNorm && (rep == nil || approx[n.Name]) {
 				n.Op, n.Attr.ActParam = graph.OpLeakyReLU, 0.01
 			}
 		}

@@ -32,8 +32,11 @@ type site struct {
 	folded   []int // channels whose sign was folded into a producer
 	into     []string
 	flipped  []int // channels flipped in place (Node.Sign)
-	tiny     []int
+	tiny     []int // channels with |gamma| < eps given scale eps (--tiny-gamma approx)
 	tinyErr  float64
+	// tinyExact: channels with |gamma| < eps that made the site fall back
+	// to ABN (--tiny-gamma exact), which keeps them as stored.
+	tinyExact []int
 
 	// add-residual: the residual added in place and the Add fused away,
 	// or why an identity InPlaceABN read by an Add was not fused.

@@ -421,7 +421,7 @@ func TestReparametrise(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			b := newNet(2, 4, 1)
 			b.act("a", tc.act, 0.01, b.bn("bn", b.conv("x", b.g.Input, len(tc.gamma), 1, 1, false), tc.gamma...))
-			st := upTo(t, b, Options{ReLU: ReLUABN}, "reparametrise")
+			st := upTo(t, b, Options{ReLU: ReLUABN, TinyGamma: TinyGammaApprox}, "reparametrise")
 			s := siteFor(t, st, "bn")
 			got := vals(t, b, "bn.weight")
 			for c := range got {
@@ -434,6 +434,43 @@ func TestReparametrise(t *testing.T) {
 			}
 			if (len(tc.tiny) > 0) != (len(st.warn) > 0) {
 				t.Fatalf("warnings %q", st.warn)
+			}
+		})
+	}
+}
+
+// TestCheckTinyGamma: the pass alone, on sites in place (leaky_relu),
+// already ABN (ReLU under --relu abn) and identity, under both policies.
+func TestCheckTinyGamma(t *testing.T) {
+	for _, policy := range []string{TinyGammaExact, TinyGammaApprox} {
+		t.Run(policy, func(t *testing.T) {
+			b := newNet(2, 4, 1)
+			x := b.conv("x", b.g.Input, 3, 1, 1, false)
+			y := b.act("a", graph.OpLeakyReLU, 0.01, b.bn("tiny", x, -1e-7, -0.5, 2))
+			y = b.relu("r", b.bn("abn", b.conv("y", y, 3, 1, 1, false), 0, 1, 1))
+			y = b.act("a2", graph.OpLeakyReLU, 0.01, b.bn("big", b.conv("z", y, 3, 1, 1, false), 1e-5, -1e-5, 3))
+			b.conv("head", b.bn("id", b.conv("w", y, 2, 1, 1, false), 1, 9e-6), 1, 1, 1, false)
+			st := upTo(t, b, Options{ReLU: ReLUABN, TinyGamma: policy}, "check-tiny-gamma")
+			want := map[string][]int{"tiny": {0}, "id": {1}}
+			if policy == TinyGammaApprox {
+				want = map[string][]int{}
+			}
+			for _, s := range st.sites {
+				name := s.bn.Name
+				if !slices.Equal(s.tinyExact, want[name]) {
+					t.Errorf("%s: tiny channels %v, want %v", name, s.tinyExact, want[name])
+				}
+				wantOp := graph.OpInPlaceABN
+				if want[name] != nil || name == "abn" {
+					wantOp = graph.OpABN
+				}
+				if s.op != wantOp || (want[name] != nil) != (s.forced && strings.Contains(s.reason, "|gamma| < eps=1e-05")) {
+					t.Errorf("%s: %s forced %v %q", name, s.op, s.forced, s.reason)
+				}
+			}
+			// Nothing is negated yet, and gammas are as stored.
+			if g := vals(t, b, "tiny.weight"); !slices.Equal(g, []float64{-1e-7, -0.5, 2}) {
+				t.Errorf("tiny.weight %v", g)
 			}
 		})
 	}

@@ -114,6 +114,7 @@ func TestOptions(t *testing.T) {
 	bad := []Options{
 		{ReLU: "sometimes"},
 		{Slope: -0.1},
+		{TinyGamma: "roughly"},
 		{Slope: math.NaN()},
 		{DumpAfter: "no-such-pass", Dump: &dump},
 		{DumpAfter: "fuse"},
@@ -440,8 +441,9 @@ func TestFoldThroughAvgPool(t *testing.T) {
 	}
 }
 
-// TestTinyGamma: |gamma| < eps becomes weight 0, i.e. scale eps; the
-// converted network equals the source with those gammas set to +-eps.
+// TestTinyGamma: under --tiny-gamma approx, |gamma| < eps becomes weight
+// 0, i.e. scale eps; the converted network equals the source with those
+// gammas set to +-eps.
 func TestTinyGamma(t *testing.T) {
 	gamma := []float64{0, 3e-6, -4e-6, 0.5, -2e-5}
 	build := func(g []float64) *net {
@@ -450,12 +452,17 @@ func TestTinyGamma(t *testing.T) {
 		return b
 	}
 	b := build(gamma)
-	rep, _, after := convert(t, b, Options{})
+	rep, _, after := convert(t, b, Options{TinyGamma: TinyGammaApprox})
 	s := siteOf(t, rep, "bn")
+	if rep.TinyGammaPolicy != TinyGammaApprox || rep.Summary.TinyGammaFallback != 0 || len(s.TinyGammaExactChannels) > 0 {
+		t.Fatalf("policy %q, summary %+v, site %+v", rep.TinyGammaPolicy, rep.Summary, s)
+	}
 	if !slices.Equal(s.TinyGammaChannels, []int{0, 1, 2}) || math.Abs(s.TinyGammaScaleError-1e-5) > 1e-18 {
 		t.Fatalf("site %+v", s)
 	}
-	if rep.Summary.TinyGamma != 1 || s.Outcome != OutcomeSignFolded || len(rep.Warnings) != 1 || !strings.Contains(rep.Warnings[0], "bn: 3 channel(s) [0 1 2]") {
+	if rep.Summary.TinyGamma != 1 || rep.Summary.Approximated != 1 || s.Outcome != OutcomeApproximated || !slices.Equal(s.FoldedChannels, []int{2, 4}) ||
+		!strings.Contains(s.Reason, "channels [0 1 2] with |gamma| < eps=1e-05 given scale eps") ||
+		len(rep.Warnings) != 1 || !strings.Contains(rep.Warnings[0], "bn: 3 channel(s) [0 1 2]") {
 		t.Fatalf("summary %+v warnings %q", rep.Summary, rep.Warnings)
 	}
 	w, _ := b.w.Values("bn.weight")
@@ -469,6 +476,102 @@ func TestTinyGamma(t *testing.T) {
 	}
 	if d := maxAbsDiff(want, after); d > exact {
 		t.Fatalf("differs from the source with gamma_eff by %g", d)
+	}
+}
+
+// TestTinyGammaExact: by default a site with |gamma| < eps falls back to
+// ABN, which holds every gamma as stored (negative ones included, so no
+// sign is moved): exact, with a reason naming the channels and eps, the
+// saving lost counted, and one warning naming the opt-in.
+func TestTinyGammaExact(t *testing.T) {
+	b := newNet(3, 6, 9)
+	x := b.conv("conv", b.g.Input, 5, 3, 1, true)
+	y := b.act("act", graph.OpLeakyReLU, 0.01, b.bn("bn", x, 0, 1e-7, -1e-7, 0.5, -2e-5))
+	b.act("act2", graph.OpLeakyReLU, 0.01, b.bn("bn2", b.conv("conv2", y, 3, 1, 1, true), 0.7, -0.4, 9.99e-6))
+	orig := snapshot(t, b.w)
+	rep, before, after := convert(t, b, Options{})
+	if d := maxAbsDiff(before, after); d > exact {
+		t.Fatalf("outputs differ by %g", d)
+	}
+	if rep.TinyGammaPolicy != TinyGammaExact {
+		t.Errorf("policy %q", rep.TinyGammaPolicy)
+	}
+	for _, tc := range []struct {
+		node   string
+		tiny   []int
+		reason string
+	}{
+		{"bn", []int{0, 1, 2}, "channels [0 1 2] with |gamma| < eps=1e-05"},
+		{"bn2", []int{2}, "channel 2 with |gamma| < eps=1e-05"},
+	} {
+		s := siteOf(t, rep, tc.node)
+		if s.Op != graph.OpABN || s.OpActivation != graph.ActLeakyReLU || s.Outcome != OutcomeFallbackABN ||
+			!slices.Equal(s.TinyGammaExactChannels, tc.tiny) || len(s.TinyGammaChannels) > 0 || s.TinyGammaScaleError != 0 ||
+			len(s.FoldedChannels) > 0 || len(s.FlippedChannels) > 0 || !strings.Contains(s.Reason, tc.reason) {
+			t.Errorf("site %+v", s)
+		}
+		if b.g.Node(tc.node).Sign != nil {
+			t.Errorf("%s flipped", tc.node)
+		}
+		// ABN's weight is the gamma as stored.
+		if w := vals(t, b, tc.node+".weight"); !slices.Equal(w, orig[tc.node+".weight"]) {
+			t.Errorf("%s weights %v, want %v", tc.node, w, orig[tc.node+".weight"])
+		}
+	}
+	sum := rep.Summary
+	if sum.TinyGamma != 2 || sum.TinyGammaFallback != 2 || sum.FallbackABN != 2 || len(rep.Flips) != 0 || len(rep.Changed) != 0 {
+		t.Errorf("summary %+v, flips %v, changed %v", sum, rep.Flips, rep.Changed)
+	}
+	if len(rep.Warnings) != 1 || !strings.Contains(rep.Warnings[0], "2 site(s) with |gamma| < eps kept out of place") ||
+		!strings.Contains(rep.Warnings[0], "--tiny-gamma approx") {
+		t.Errorf("warnings %q", rep.Warnings)
+	}
+	var table bytes.Buffer
+	rep.WriteTable(&table)
+	if !strings.Contains(table.String(), "2 with tiny gamma (2 kept out of place for it)") || !strings.Contains(table.String(), "tiny gamma exact") {
+		t.Errorf("table:\n%s", table.String())
+	}
+}
+
+// TestTinyGammaBeforeSigns: check-tiny-gamma decides before fold-signs.
+// In denseBlock with every site in place, block channel 5 cannot fold
+// (positive at norm5); with a tiny gamma at norm5's channel 7, norm5
+// falls back to ABN, which takes any sign, so channel 5 folds into
+// layer1.conv2 after all and channel 7, negative only at the ABN, is left
+// alone. Under approx, norm5 stays in place and everything is as before.
+func TestTinyGammaBeforeSigns(t *testing.T) {
+	p := "features.denseblock1."
+	build := func() *net {
+		b := denseBlock(graph.OpLeakyReLU)
+		b.g.Node("relu").Op = graph.OpLeakyReLU
+		b.g.Node("relu").Attr.ActParam = 0.1
+		g := vals(t, b, "features.norm5.weight")
+		g[7] = -1e-7
+		b.w.Put("features.norm5.weight", []int{len(g)}, g)
+		return b
+	}
+	b := build()
+	rep, before, after := convert(t, b, Options{})
+	if d := maxAbsDiff(before, after); d > exact {
+		t.Fatalf("outputs differ by %g", d)
+	}
+	n5, l2 := siteOf(t, rep, "features.norm5"), siteOf(t, rep, p+"denselayer2.norm1")
+	if n5.Op != graph.OpABN || n5.Outcome != OutcomeFallbackABN || !slices.Equal(n5.TinyGammaExactChannels, []int{7}) ||
+		!slices.Equal(n5.FoldedChannels, []int{4, 5}) || len(n5.FlippedChannels) > 0 {
+		t.Errorf("norm5 %+v", n5)
+	}
+	if l2.Op != graph.OpInPlaceABN || !slices.Equal(l2.FoldedChannels, []int{4, 5}) || !slices.Equal(l2.FlippedChannels, []int{1}) {
+		t.Errorf("layer2.norm1 %+v", l2)
+	}
+	if !slices.Equal(rep.Flips[p+"denselayer1.conv2.weight"], []int{0, 1}) || rep.Flips[p+"denselayer2.conv2.weight"] != nil {
+		t.Errorf("conv flips %v", rep.Flips)
+	}
+
+	b = build()
+	rep, _, _ = convert(t, b, Options{TinyGamma: TinyGammaApprox})
+	n5 = siteOf(t, rep, "features.norm5")
+	if n5.Op != graph.OpInPlaceABN || !slices.Equal(n5.TinyGammaChannels, []int{7}) || !slices.Equal(n5.FoldedChannels, []int{4, 7}) {
+		t.Errorf("approx: norm5 %+v", n5)
 	}
 }
 

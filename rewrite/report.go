@@ -24,28 +24,34 @@ const (
 	OutcomeSignFlipped Outcome = "sign-flipped"
 	// OutcomeFallbackABN: exact, but ABN, not in place.
 	OutcomeFallbackABN Outcome = "fallback-abn"
-	// OutcomeApproximated: the activation changed (ReLU -> leaky_relu), so
-	// the outputs change.
+	// OutcomeApproximated: the activation changed (ReLU -> leaky_relu), or
+	// channels with |gamma| < eps were given scale eps (--tiny-gamma
+	// approx), so the outputs change.
 	OutcomeApproximated Outcome = "approximated"
 )
 
 // Report says what the conversion did. It is meant to be written as JSON
 // and read by people as a table (WriteTable).
 type Report struct {
-	Arch        string           `json:"arch"`
-	ReLUPolicy  string           `json:"relu_policy"`
-	Slope       float64          `json:"slope"`
-	Sync        bool             `json:"sync"`
-	Summary     Summary          `json:"summary"`
-	Sites       []Site           `json:"sites"`
-	DenseLayers []string         `json:"dense_layers"`
-	Flips       map[string][]int `json:"flips"`
-	Changed     []string         `json:"changed"`
-	Warnings    []string         `json:"warnings"`
+	Arch       string  `json:"arch"`
+	ReLUPolicy string  `json:"relu_policy"`
+	Slope      float64 `json:"slope"`
+	// TinyGammaPolicy is --tiny-gamma: exact (ABN where |gamma| < eps)
+	// or approx (scale eps there, in place).
+	TinyGammaPolicy string           `json:"tiny_gamma_policy"`
+	Sync            bool             `json:"sync"`
+	Summary         Summary          `json:"summary"`
+	Sites           []Site           `json:"sites"`
+	DenseLayers     []string         `json:"dense_layers"`
+	Flips           map[string][]int `json:"flips"`
+	Changed         []string         `json:"changed"`
+	Warnings        []string         `json:"warnings"`
 }
 
 // Summary counts sites by outcome. TinyGamma counts sites with channels
-// whose |gamma| < eps, whatever their outcome.
+// whose |gamma| < eps, whatever their outcome; TinyGammaFallback those of
+// them kept out of place as ABN for it (--tiny-gamma exact), each an
+// in-place saving lost (also counted in FallbackABN).
 type Summary struct {
 	Sites             int `json:"sites"`
 	Exact             int `json:"exact"`
@@ -54,6 +60,7 @@ type Summary struct {
 	FallbackABN       int `json:"fallback_abn"`
 	Approximated      int `json:"approximated"`
 	TinyGamma         int `json:"tiny_gamma"`
+	TinyGammaFallback int `json:"tiny_gamma_fallback"`
 	DenseLayersMarked int `json:"dense_layers_marked"`
 	// ResidualsFused counts the sites that add their block's residual in
 	// place (Site.Residual).
@@ -89,10 +96,14 @@ type Site struct {
 	FoldedInto     []string `json:"folded_into,omitempty"`
 	// FlippedChannels are flipped in place before the layer (Node.Sign).
 	FlippedChannels []int `json:"flipped_channels,omitempty"`
-	// TinyGammaChannels had |gamma| < eps and now have scale eps;
+	// TinyGammaChannels had |gamma| < eps and now have scale eps
+	// (--tiny-gamma approx, an in-place site): approximated;
 	// TinyGammaScaleError is the largest |gamma_eff - |gamma|| among them.
 	TinyGammaChannels   []int   `json:"tiny_gamma_channels,omitempty"`
 	TinyGammaScaleError float64 `json:"tiny_gamma_scale_error,omitempty"`
+	// TinyGammaExactChannels had |gamma| < eps and made the site fall back
+	// to ABN (--tiny-gamma exact), which holds them as stored: exact.
+	TinyGammaExactChannels []int `json:"tiny_gamma_exact_channels,omitempty"`
 	// Recompute is the DenseNet group the node belongs to, if marked.
 	Recompute string `json:"recompute,omitempty"`
 	// Residual is the value the node adds to its output in place, the Add
@@ -107,7 +118,7 @@ func (s *site) outcome() Outcome {
 	switch {
 	case s.forced:
 		return OutcomeFallbackABN
-	case s.approx:
+	case s.approx || len(s.tiny) > 0:
 		return OutcomeApproximated
 	case len(s.flipped) > 0:
 		return OutcomeSignFlipped
@@ -119,7 +130,7 @@ func (s *site) outcome() Outcome {
 
 func (st *State) report() *Report {
 	r := &Report{
-		Arch: st.g.Arch, ReLUPolicy: st.opt.ReLU, Slope: st.opt.Slope, Sync: st.opt.Sync,
+		Arch: st.g.Arch, ReLUPolicy: st.opt.ReLU, Slope: st.opt.Slope, TinyGammaPolicy: st.opt.TinyGamma, Sync: st.opt.Sync,
 		Sites: []Site{}, DenseLayers: append([]string{}, st.dense...),
 		Flips: st.t.flipReport(), Changed: st.t.changedKeys(), Warnings: []string{},
 	}
@@ -130,8 +141,9 @@ func (st *State) report() *Report {
 			Outcome: s.outcome(), Reason: s.reason, Match: s.match,
 			NegativeChannels: s.negative, FoldedChannels: sortedInts(s.folded), FoldedInto: s.into,
 			FlippedChannels: s.flipped, TinyGammaChannels: s.tiny, TinyGammaScaleError: s.tinyErr,
-			Recompute: s.bn.Recompute,
-			Residual:  s.residual, ResidualAdd: s.residualAdd, ResidualNote: s.residualWhy,
+			TinyGammaExactChannels: s.tinyExact,
+			Recompute:              s.bn.Recompute,
+			Residual:               s.residual, ResidualAdd: s.residualAdd, ResidualNote: s.residualWhy,
 		}
 		if s.note != "" && (len(s.flipped) > 0 || s.forced) {
 			site.Note = s.note
@@ -157,8 +169,11 @@ func (st *State) report() *Report {
 				approxReLU++
 			}
 		}
-		if len(s.tiny) > 0 {
+		if len(s.tiny) > 0 || len(s.tinyExact) > 0 {
 			sum.TinyGamma++
+		}
+		if len(s.tinyExact) > 0 {
+			sum.TinyGammaFallback++
 		}
 		if s.residual != "" {
 			sum.ResidualsFused++
@@ -168,8 +183,18 @@ func (st *State) report() *Report {
 	if approxReLU > 0 {
 		r.Warnings = append(r.Warnings, reluWarning(approxReLU, st.opt.Slope))
 	}
+	if n := r.Summary.TinyGammaFallback; n > 0 {
+		r.Warnings = append(r.Warnings, tinyGammaWarning(n))
+	}
 	r.Warnings = append(r.Warnings, st.warn...)
 	return r
+}
+
+// tinyGammaWarning is the one line for the sites kept out of place by
+// --tiny-gamma exact: exact, so not in capitals, but each one is memory
+// the user may have converted to save.
+func tinyGammaWarning(n int) string {
+	return fmt.Sprintf("%d site(s) with |gamma| < eps kept out of place as ABN to stay exact (their in-place saving is lost; the sites' reasons name the channels): --tiny-gamma %s keeps them in place with scale eps, which approximates (verify reports the drift, training step included)", n, TinyGammaApprox)
 }
 
 func reluWarning(n int, slope float64) string {
@@ -186,11 +211,14 @@ func (r *Report) WriteTable(w io.Writer) {
 	defer bw.Flush()
 	w = bw
 	s := r.Summary
-	fmt.Fprintf(w, "rewrite %s: %d sites: %d exact, %d sign-folded, %d sign-flipped, %d fallback-abn, %d approximated; %d with tiny gamma; %d dense layers marked; %d residual adds fused\n",
-		r.Arch, s.Sites, s.Exact, s.SignFolded, s.SignFlipped, s.FallbackABN, s.Approximated, s.TinyGamma, s.DenseLayersMarked, s.ResidualsFused)
+	fmt.Fprintf(w, "rewrite %s: %d sites: %d exact, %d sign-folded, %d sign-flipped, %d fallback-abn, %d approximated; %d with tiny gamma (%d kept out of place for it); %d dense layers marked; %d residual adds fused\n",
+		r.Arch, s.Sites, s.Exact, s.SignFolded, s.SignFlipped, s.FallbackABN, s.Approximated, s.TinyGamma, s.TinyGammaFallback, s.DenseLayersMarked, s.ResidualsFused)
 	fmt.Fprintf(w, "relu policy %s", r.ReLUPolicy)
 	if r.ReLUPolicy == ReLULeaky {
 		fmt.Fprintf(w, " (slope %g)", r.Slope)
+	}
+	if r.TinyGammaPolicy != "" {
+		fmt.Fprintf(w, ", tiny gamma %s", r.TinyGammaPolicy)
 	}
 	if r.Sync {
 		fmt.Fprint(w, ", sync")
@@ -214,8 +242,15 @@ func (r *Report) WriteTable(w io.Writer) {
 		why := x.Reason
 		switch {
 		case x.Outcome == OutcomeApproximated:
-			// The warning above says it at length.
-			why = fmt.Sprintf("%s -> %s (outputs change)", x.Activation, x.OpActivation)
+			// The warnings say it at length.
+			var parts []string
+			if x.Activation != x.OpActivation {
+				parts = append(parts, fmt.Sprintf("%s -> %s", x.Activation, x.OpActivation))
+			}
+			if n := len(x.TinyGammaChannels); n > 0 {
+				parts = append(parts, fmt.Sprintf("%d |gamma| < eps at scale eps", n))
+			}
+			why = strings.Join(parts, "; ") + " (outputs change)"
 		case why == "":
 			why = x.Note
 		}
@@ -227,7 +262,7 @@ func (r *Report) WriteTable(w io.Writer) {
 			why = res
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", x.Node, x.Activation, op, x.Outcome,
-			count(x.NegativeChannels), count(x.FoldedChannels), count(x.FlippedChannels), count(x.TinyGammaChannels),
+			count(x.NegativeChannels), count(x.FoldedChannels), count(x.FlippedChannels), countN(len(x.TinyGammaChannels)+len(x.TinyGammaExactChannels)),
 			dash(x.Recompute), dash(why))
 	}
 	tw.Flush()
@@ -249,11 +284,13 @@ func (r *Report) WriteTable(w io.Writer) {
 	}
 }
 
-func count(list []int) string {
-	if len(list) == 0 {
+func count(list []int) string { return countN(len(list)) }
+
+func countN(n int) string {
+	if n == 0 {
 		return "-"
 	}
-	return fmt.Sprint(len(list))
+	return fmt.Sprint(n)
 }
 
 func dash(s string) string {

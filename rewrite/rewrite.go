@@ -41,6 +41,19 @@ const (
 	ReLUError = "error"
 )
 
+// Tiny-gamma policies: what an in-place site with channels whose
+// |gamma| < eps becomes. InPlace-ABN scales by |weight| + eps, at least
+// eps, so such a channel has no exact in-place form.
+const (
+	// TinyGammaExact makes the site ABN, which uses the weight as stored:
+	// exact in eval and in training, not in place.
+	TinyGammaExact = "exact"
+	// TinyGammaApprox keeps the site in place and gives those channels
+	// scale eps (weight 0): the outputs, and more so the training step,
+	// change. Conversions before the policy existed all did this.
+	TinyGammaApprox = "approx"
+)
+
 // DefaultSlope is the leaky-ReLU slope of every ImageNet model in the
 // InPlace-ABN paper.
 const DefaultSlope = 0.01
@@ -53,6 +66,9 @@ type Options struct {
 	// Slope is the leaky-ReLU slope used under ReLULeaky; 0 means
 	// DefaultSlope. It must be positive: slope 0 is a plain ReLU again.
 	Slope float64
+	// TinyGamma is the policy for in-place sites with |gamma| < eps
+	// channels: TinyGammaExact (the default when empty) or TinyGammaApprox.
+	TinyGamma string
 	// Sync makes every in-place site InPlaceABNSync (statistics reduced
 	// across torch.distributed ranks).
 	Sync bool
@@ -78,6 +94,13 @@ func (o Options) normalised() (Options, error) {
 	case ReLULeaky, ReLUABN, ReLUError:
 	default:
 		return o, fmt.Errorf("rewrite: unknown ReLU policy %q (want %q, %q or %q)", o.ReLU, ReLULeaky, ReLUABN, ReLUError)
+	}
+	switch o.TinyGamma {
+	case "":
+		o.TinyGamma = TinyGammaExact
+	case TinyGammaExact, TinyGammaApprox:
+	default:
+		return o, fmt.Errorf("rewrite: unknown tiny-gamma policy %q (want %q or %q)", o.TinyGamma, TinyGammaExact, TinyGammaApprox)
 	}
 	if o.Slope == 0 {
 		o.Slope = DefaultSlope
@@ -110,6 +133,7 @@ var Pipeline = []Pass{
 	{Name: "match-bn-act", Does: "find every BatchNorm2d and the activation it feeds (if any)", Run: matchBNAct},
 	{Name: "choose-op", Does: "pick InPlaceABN/InPlaceABNSync/ABN and the activation for each site", Run: chooseOp},
 	{Name: "check-inplace", Does: "fall back to ABN where the site's input may not be overwritten", Run: checkInPlace},
+	{Name: "check-tiny-gamma", Does: "fall back to ABN where a channel's |gamma| < eps has no exact in-place form (--tiny-gamma exact)", Run: checkTinyGamma},
 	{Name: "fold-signs", Does: "move negative gammas into the producing convolution's output channel", Run: foldSigns},
 	{Name: "flip-signs", Does: "flip the remaining negative channels on the private input in place", Run: flipSigns},
 	{Name: "reparametrise", Does: "store weight = |gamma| - eps for in-place sites", Run: reparametrise},
@@ -127,6 +151,10 @@ type constraint struct {
 var passOrder = []constraint{
 	{"match-bn-act", "choose-op", "the target op depends on the activation that follows the BN"},
 	{"choose-op", "check-inplace", "only sites that chose an in-place op need the in-place precondition"},
+	{"choose-op", "check-tiny-gamma", "only sites that chose an in-place op need |gamma| >= eps"},
+	{"check-inplace", "check-tiny-gamma", "a site whose input may not be overwritten is ABN already, and its reason should say so"},
+	{"check-tiny-gamma", "fold-signs", "a site that falls back keeps its gamma as stored and needs no sign moved; a fold needs every in-place reader of the channel to agree on the sign"},
+	{"check-tiny-gamma", "reparametrise", "under --tiny-gamma exact no in-place site may reach reparametrise with |gamma| < eps, which it can only approximate"},
 	{"check-inplace", "fold-signs", "a fold needs every in-place reader of the channel to agree on the sign; ABN readers accept either"},
 	{"fold-signs", "flip-signs", "flipping is for the negative channels that folding could not take"},
 	{"check-inplace", "flip-signs", "a flip is applied to the input in place, so it needs the in-place precondition"},

@@ -69,7 +69,7 @@ func runONNX(opt Options) (*Result, error) {
 		return nil, err
 	}
 	again := againModel.ONNX
-	rep, err := rewrite.Run(again.Graph, again.Weights, rewrite.Options{ReLU: opt.ReLU, Slope: opt.Slope, Sync: opt.Sync})
+	rep, err := rewrite.Run(again.Graph, again.Weights, opt.rewriteOptions())
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", opt.Original, err)
 	}
@@ -116,7 +116,10 @@ func runONNX(opt Options) (*Result, error) {
 		return nil, err
 	}
 
+	folded := norms(conv.Graph) < norms(gRef)
+	g := gradOut(opt.Seed, yRef.Shape)
 	var strictFail *Check
+	var tOrig *step
 	if approx > 0 || tiny > 0 {
 		plainModel, err := readRunnable(opt.Original, false)
 		if err != nil {
@@ -128,6 +131,9 @@ func runONNX(opt Options) (*Result, error) {
 			return nil, err
 		}
 		yOrig, err := o.forward(x, false)
+		if err == nil && !folded {
+			tOrig, err = originalStep(o, x, g)
+		}
 		o.ex.Close()
 		if err != nil {
 			return nil, fmt.Errorf("original: %w", err)
@@ -146,8 +152,6 @@ func runONNX(opt Options) (*Result, error) {
 	// output again on copies with input and weights moved by one rounding
 	// (noise.go). The converted model's weights are named differently, so
 	// the half-precision rounding of its BN weights is not modelled here.
-	folded := norms(conv.Graph) < norms(gRef)
-	g := gradOut(opt.Seed, yRef.Shape)
 	refRun := &sample{eval: yRef.Data}
 	var tConv *step
 	var yConvAfter []float32
@@ -164,6 +168,12 @@ func runONNX(opt Options) (*Result, error) {
 			return nil, err
 		}
 		refRun.after, yConvAfter = yRefAfter.Data, yc.Data
+		if tOrig != nil {
+			// The two files name their parameters differently: outputs
+			// and input gradient only.
+			tOrig.stats = nil
+			res.Drift.Train = trainDrift(tConv, tOrig, nil)
+		}
 	}
 	opt.progress("the same on %d copies of the reference with input and weights moved by one rounding, to measure its own error", noiseDraws)
 	gy := g

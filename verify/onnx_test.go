@@ -61,6 +61,15 @@ func TestONNXPreserved(t *testing.T) {
 					if name == "tiny_dense" && relu == "leaky" && (res.Drift == nil || res.Drift.Sites == 0) {
 						t.Error("no drift reported for the approximated ReLU sites")
 					}
+					// The training step's drift: outputs and input gradient
+					// (the files name their running statistics apart); none
+					// for a model folded for inference, which has no step.
+					if d := res.Drift; d != nil {
+						tr := d.Train
+						if ops == "fold" && tr != nil || ops != "fold" && (tr == nil || !(tr.Output.Rel > 0) || !(tr.InputGradient.Rel > 0) || tr.RunningStats != nil) {
+							t.Errorf("training drift %+v", tr)
+						}
+					}
 				})
 			}
 		}

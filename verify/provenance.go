@@ -18,10 +18,10 @@ import (
 
 // given reports which conversion flags the caller set: an empty or zero
 // field is a flag not given (Sync can only be given as true).
-type given struct{ relu, slope, sync, arch, graph bool }
+type given struct{ relu, slope, tiny, sync, arch, graph bool }
 
 func (o *Options) given() given {
-	return given{relu: o.ReLU != "", slope: o.Slope != 0, sync: o.Sync,
+	return given{relu: o.ReLU != "", slope: o.Slope != 0, tiny: o.TinyGamma != "", sync: o.Sync,
 		arch: o.Arch != "" && o.Arch != "auto", graph: o.Graph != ""}
 }
 
@@ -46,12 +46,20 @@ func (o *Options) settle(conv *model.Model) (from string, warnings []string, err
 		return "", nil, contradiction("--relu", o.ReLU, p.ReLU)
 	case g.slope && o.Slope != p.Slope:
 		return "", nil, contradiction("--slope", fmt.Sprint(o.Slope), fmt.Sprint(p.Slope))
+	case g.tiny && o.TinyGamma != p.TinyGammaPolicy():
+		rec := p.TinyGammaPolicy()
+		if p.TinyGamma == "" {
+			rec += " (the record is older than the flag: abnconvert approximated then)"
+		}
+		return "", nil, contradiction("--tiny-gamma", o.TinyGamma, rec)
 	case g.sync && !p.Sync:
 		return "", nil, fmt.Errorf("--sync contradicts the provenance record of %s: the conversion did not use --sync (drop the flag: verify reads it from the file)", o.Converted)
 	case g.arch && o.Arch != p.Arch && o.Arch != p.Recognised:
 		return "", nil, contradiction("--arch", o.Arch, p.Arch+" (taken as "+p.Recognised+")")
 	}
 	o.ReLU, o.Slope, o.Sync = p.ReLU, p.Slope, p.Sync
+	// A record from before --tiny-gamma: every conversion approximated.
+	o.TinyGamma = p.TinyGammaPolicy()
 	if !g.arch {
 		o.Arch = p.Arch
 	}
@@ -80,7 +88,7 @@ func (o *Options) settle(conv *model.Model) (from string, warnings []string, err
 
 // noRecord is the note for a converted file without a record.
 func noRecord(o *Options) string {
-	used := []string{"--relu " + o.ReLU, fmt.Sprintf("--slope %g", o.Slope)}
+	used := []string{"--relu " + o.ReLU, fmt.Sprintf("--slope %g", o.Slope), "--tiny-gamma " + o.TinyGamma}
 	if o.Sync {
 		used = append(used, "--sync")
 	}
@@ -91,5 +99,5 @@ func noRecord(o *Options) string {
 		used = append(used, "--graph "+o.Graph)
 	}
 	return fmt.Sprintf("%s has no provenance record (written by an abnconvert older than the record, or by another tool): the converted network was rebuilt from %s; "+
-		"if the conversion used other flags, give them: --relu (leaky, abn, error), --slope, --sync, --arch, --graph", o.Converted, strings.Join(used, " "))
+		"if the conversion used other flags, give them: --relu (leaky, abn, error), --slope, --tiny-gamma (exact, approx; abnconvert before the flag approximated), --sync, --arch, --graph", o.Converted, strings.Join(used, " "))
 }

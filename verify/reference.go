@@ -59,7 +59,9 @@ func (o *overlay) Float32Values(key string) ([]float32, error) {
 // conversion gave it. It returns how many sites and channels it changed.
 func applyApproximations(g *graph.Graph, w *overlay, rep *rewrite.Report, slope float64) (sites, channels int, err error) {
 	for _, s := range rep.Sites {
-		if s.Outcome == rewrite.OutcomeApproximated && s.ActivationNode != "" {
+		// Approximated for its activation (ReLU -> leaky_relu), not only
+		// for tiny gammas (below).
+		if s.Outcome == rewrite.OutcomeApproximated && s.ActivationNode != "" && s.Activation != s.OpActivation {
 			n := g.Node(s.ActivationNode)
 			if n == nil {
 				return 0, 0, fmt.Errorf("reference: %s: %w", s.ActivationNode, errNoNode)

@@ -42,6 +42,8 @@ type Options struct {
 	ReLU  string
 	Slope float64
 	Sync  bool
+	// TinyGamma is the conversion's --tiny-gamma (exact or approx).
+	TinyGamma string
 
 	Seed      uint64
 	Batch     int
@@ -95,7 +97,8 @@ type Check struct {
 }
 
 // Drift describes how far the conversion's declared approximations move the
-// outputs away from the original network's (eval mode).
+// outputs away from the original network's: in eval mode (the fields at
+// the top level) and through one training step (Train).
 type Drift struct {
 	Sites     int `json:"approximated_sites"`
 	TinyGamma int `json:"tiny_gamma_channels"`
@@ -107,6 +110,9 @@ type Drift struct {
 	Cosine      float64 `json:"cosine"`
 	Top1Agree   float64 `json:"top1_agreement"`
 	WithinLimit bool    `json:"within_limit"`
+	// Train is the drift of the training step (drift.go): a tiny gamma
+	// at scale eps moves it far more than it moves eval outputs.
+	Train *TrainDrift `json:"train,omitempty"`
 }
 
 // Result is the verdict; it is also the JSON the CLI prints.
@@ -154,6 +160,11 @@ func (o *Options) defaults() {
 	}
 	if o.Slope == 0 {
 		o.Slope = 0.01
+	}
+	if o.TinyGamma == "" {
+		// Only a file without a provenance record gets here without a
+		// policy: one written before --tiny-gamma, which approximated.
+		o.TinyGamma = rewrite.TinyGammaApprox
 	}
 	if o.Batch == 0 {
 		o.Batch = 2
@@ -300,7 +311,7 @@ func Run(opt Options) (*Result, error) {
 	}
 	defer overlayNet.Close()
 	gConv, match := overlayNet.Graph, overlayNet.Match
-	rep, err := rewrite.Run(gConv, overlayNet.Weights, rewrite.Options{ReLU: opt.ReLU, Slope: opt.Slope, Sync: opt.Sync})
+	rep, err := rewrite.Run(gConv, overlayNet.Weights, opt.rewriteOptions())
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", opt.Original, err)
 	}
@@ -358,9 +369,13 @@ func Run(opt Options) (*Result, error) {
 		return nil, err
 	}
 	// (judged below, once its noise, reported with it, is measured)
+	g := gradOut(opt.Seed, yRef.Shape)
 
-	// 2. Drift of the declared approximations against the original.
+	// 2. Drift of the declared approximations against the original, in
+	// eval and through the training step (its figures once the converted
+	// network's step is run, below).
 	var strictFail *Check
+	var tOrig *step
 	if approx > 0 || tiny > 0 || rounded > 0 {
 		opt.progress("eval forward of the original network (drift of %d approximated sites, %d tiny-gamma channels, %d BN scales rounded by half-precision storage)", approx, tiny, rounded)
 		plain, err := open()
@@ -374,6 +389,9 @@ func Run(opt Options) (*Result, error) {
 			return nil, err
 		}
 		yOrig, err := o.forward(x, false)
+		if err == nil {
+			tOrig, err = originalStep(o, x, g)
+		}
 		o.ex.Close()
 		if err != nil {
 			return nil, fmt.Errorf("original: %w", err)
@@ -392,7 +410,6 @@ func Run(opt Options) (*Result, error) {
 	// the same way); each compared quantity judged against its own noise,
 	// measured on copies of the reference (noise.go).
 	opt.progress("training step of the reference and the converted network, then eval again")
-	g := gradOut(opt.Seed, yRef.Shape)
 	tRef, err := trainStep(ref, x, g)
 	if err != nil {
 		return nil, fmt.Errorf("reference: %w", err)
@@ -425,6 +442,12 @@ func Run(opt Options) (*Result, error) {
 			m[c] = true
 		}
 		flips[k] = m
+	}
+	if tOrig != nil {
+		res.Drift.Train = trainDrift(tConv, tOrig, func(k string) []float64 {
+			shape, _ := orig.Shape(k)
+			return channelMap(shape, flips[k], nil)
+		})
 	}
 	skip := tinyChannels(rep)
 	zero := zeroGradients(gRef)

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/abnconvert/abnconvert/convert"
+	"github.com/abnconvert/abnconvert/model"
 	"github.com/abnconvert/abnconvert/pth"
 )
 
@@ -492,5 +493,98 @@ func TestInputData(t *testing.T) {
 	os.WriteFile(bad, []byte("not numpy"), 0o644)
 	if _, err := ReadNPY(bad); err == nil || !strings.Contains(err.Error(), "bad.npy") {
 		t.Fatalf("garbage: %v", err)
+	}
+}
+
+// withRecord is a copy of a converted checkpoint whose provenance record
+// edit has changed (an older abnconvert's record, say).
+func withRecord(t *testing.T, src string, edit func(*model.Provenance)) string {
+	t.Helper()
+	ck, err := pth.Open(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.Close()
+	p, err := model.DecodeProvenance(ck.Provenance)
+	if err != nil {
+		t.Fatal(err)
+	}
+	edit(p)
+	if ck.Provenance, err = p.Encode(); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "edited.pth")
+	if err := ck.Write(out, pth.WriteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestTinyGammaPolicy: tiny_resnext has one in-place site (under --relu
+// leaky) with two channels at |gamma| < eps. Each policy verifies from its
+// record; approx reports its tiny channels and the training step's drift;
+// a record from before --tiny-gamma (no field) and a file without a record
+// are verified as approx, which is what they hold; a contradicting flag is
+// refused.
+func TestTinyGammaPolicy(t *testing.T) {
+	orig := fixture("tiny_resnext")
+	conv := map[string]string{}
+	for _, tiny := range []string{"exact", "approx"} {
+		out := filepath.Join(t.TempDir(), tiny+".pth")
+		if _, err := convert.Run(convert.Options{Input: orig, Output: out, TinyGamma: tiny}); err != nil {
+			t.Fatal(err)
+		}
+		conv[tiny] = out
+		res, err := Run(Options{Original: orig, Converted: out, Size: 32})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := res.Drift
+		if !res.Preserved || !strings.Contains(res.FlagsFrom, "--tiny-gamma "+tiny) || d == nil || d.Train == nil {
+			t.Fatalf("%s: preserved %v (failed %v), flags from %q, drift %+v", tiny, res.Preserved, res.Failed, res.FlagsFrom, d)
+		}
+		wantTiny := map[string]int{"exact": 0, "approx": 2}[tiny]
+		tr := d.Train
+		if d.TinyGamma != wantTiny || !(tr.Output.Rel > 0 && tr.Output.L2 > 0 && tr.InputGradient.Rel > 0) ||
+			tr.RunningStats == nil || !(tr.RunningStats.Rel > 0) || !strings.Contains(tr.RunningStats.Name, "running_") {
+			t.Errorf("%s: drift %+v, train %+v %+v", tiny, d, tr, tr.RunningStats)
+		}
+	}
+	// Under --relu abn nothing is approximated: no drift at all.
+	if res, err := Run(Options{Original: orig, Converted: converted(t, "tiny_resnext", "abn"), Size: 32}); err != nil || !res.Preserved || res.Drift != nil {
+		t.Errorf("--relu abn: %v %+v", err, res)
+	}
+
+	old := func(p *model.Provenance) { p.TinyGamma = "" }
+	for _, c := range []struct {
+		name, file, flag string
+		preserved        bool
+	}{
+		{"old record of an approx conversion", withRecord(t, conv["approx"], old), "", true},
+		// The same record on a file converted exactly is a lie the
+		// checks catch.
+		{"old record on an exact conversion", withRecord(t, conv["exact"], old), "", false},
+		{"no record, approx conversion", withoutRecord(t, conv["approx"]), "", true},
+		{"no record, exact conversion", withoutRecord(t, conv["exact"]), "", false},
+		{"no record, exact conversion, flag given", withoutRecord(t, conv["exact"]), "exact", true},
+	} {
+		res, err := Run(Options{Original: orig, Converted: c.file, TinyGamma: c.flag, Size: 32})
+		if err != nil {
+			t.Errorf("%s: %v", c.name, err)
+			continue
+		}
+		if res.Preserved != c.preserved {
+			t.Errorf("%s: preserved %v, want %v (failed %v)", c.name, res.Preserved, c.preserved, res.Failed)
+		}
+	}
+	for _, c := range []struct{ file, flag, rec string }{
+		{conv["approx"], "exact", "--tiny-gamma approx"},
+		{conv["exact"], "approx", "--tiny-gamma exact"},
+		{withRecord(t, conv["approx"], old), "exact", "older than the flag"},
+	} {
+		_, err := Run(Options{Original: orig, Converted: c.file, TinyGamma: c.flag, Size: 32})
+		if err == nil || !strings.Contains(err.Error(), "--tiny-gamma "+c.flag+" contradicts") || !strings.Contains(err.Error(), c.rec) {
+			t.Errorf("--tiny-gamma %s on a %s record: %v", c.flag, c.rec, err)
+		}
 	}
 }
