@@ -69,6 +69,11 @@ type Site struct {
 	Activation string `json:"activation"`
 	// ActivationNode is the activation node fused away, if any.
 	ActivationNode string `json:"activation_node,omitempty"`
+	// KeptActivation is the activation node that follows the BN and stays
+	// after it, out of place, because neither InPlace-ABN nor ABN can take
+	// its parameter (a negative leaky-ReLU slope or ELU alpha); Match says
+	// why.
+	KeptActivation string `json:"kept_activation,omitempty"`
 	// Op is the resulting op; OpActivation and OpActivationParam are the
 	// activation it runs.
 	Op                graph.Op `json:"op"`
@@ -136,8 +141,14 @@ func (st *State) report() *Report {
 		if s.note != "" && (len(s.flipped) > 0 || s.forced) {
 			site.Note = s.note
 		}
+		if s.actNote != "" {
+			site.Note = strings.TrimSuffix(s.actNote+"; "+site.Note, "; ")
+		}
 		if s.act != nil {
 			site.ActivationNode = s.act.Name
+		}
+		if s.kept != nil {
+			site.KeptActivation = s.kept.Name
 		}
 		r.Sites = append(r.Sites, site)
 		sum := &r.Summary
@@ -218,6 +229,8 @@ func (r *Report) WriteTable(w io.Writer) {
 			why = fmt.Sprintf("%s -> %s (outputs change)", x.Activation, x.OpActivation)
 		case why == "":
 			why = x.Note
+		case x.KeptActivation != "":
+			why += "; " + x.Match
 		}
 		if x.Residual != "" {
 			res := fmt.Sprintf("adds %s in place (%s fused): keeps the sum only, one tensor fewer", x.Residual, x.ResidualAdd)
