@@ -45,12 +45,12 @@ func TestErrors(t *testing.T) {
 			n := b.g.Node("bn1")
 			n.Op, n.Attr.ActParam = graph.OpABN, -0.1
 			return b.g
-		}, []string{`"bn1"`, "negative negative_slope", "identity ABN"}},
+		}, []string{`"bn1"`, "negative_slope below 0", "identity ABN"}},
 		{"elu alpha negative in ABN", func(b *builder) *graph.Graph {
 			n := b.g.Node("bn1")
 			n.Op, n.Attr.Activation, n.Attr.ActParam = graph.OpABN, graph.ActELU, -1
 			return b.g
-		}, []string{`"bn1"`, "negative alpha"}},
+		}, []string{`"bn1"`, "alpha below 0"}},
 		{"unknown activation", func(b *builder) *graph.Graph {
 			b.g.Node("bn1").Attr.Activation = "gelu"
 			return b.g

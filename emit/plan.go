@@ -342,7 +342,7 @@ func checkActivation(n *graph.Node) error {
 		// backward for a negative parameter. The rewrite keeps such an
 		// activation out of place after an identity BN.
 		if !(a.ActParam >= 0) {
-			return fmt.Errorf("%s(%g): %s applies its activation in place, and torch has no in-place backward for a negative %s (keep the activation as its own node after an identity %s)",
+			return fmt.Errorf("%s(%g): %s applies its activation in place, and torch has no in-place backward for %s below 0 (keep the activation as its own node after an identity %s)",
 				a.Activation, a.ActParam, n.Op, paramName(a.Activation), n.Op)
 		}
 	default:

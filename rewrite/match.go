@@ -88,7 +88,7 @@ func fusableActivation(g *graph.Graph, bn *graph.Node) (*graph.Node, string) {
 			// calculation is triggered with a negative slope which is
 			// not supported"). Out of place, after an identity BN, it is
 			// exact.
-			return nil, fmt.Sprintf("followed by %s %s with %s %g, which InPlace-ABN cannot invert and ABN cannot run (ABN applies its activation in place, and torch has no in-place backward for a negative %s): the BN takes the identity activation and %s stays after it, out of place, keeping the tensor an in-place BN keeps (exact; one tensor fewer kept for backward)",
+			return nil, fmt.Sprintf("followed by %s %s with %s %g, which InPlace-ABN cannot invert and ABN cannot run (ABN applies its activation in place, and torch has no in-place backward for %s below 0): the BN takes the identity activation and %s stays after it, out of place, keeping the tensor an in-place BN keeps (exact; one tensor fewer kept for backward)",
 				r.Op, r.Name, actParamName(r.Op), r.Attr.ActParam, actParamName(r.Op), r.Op)
 		}
 		return r, ""
