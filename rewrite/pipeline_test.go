@@ -650,7 +650,7 @@ func TestZeroActivationParamIsReLU(t *testing.T) {
 		t.Run(string(op), func(t *testing.T) {
 			b := convBNAct(op, 0)
 			_, err := Run(b.g, b.w, Options{ReLU: ReLUError})
-			if err == nil || !strings.Contains(err.Error(), "act1: "+string(op)+" act1 with") || !strings.Contains(err.Error(), "0 is a ReLU") {
+			if err == nil || !strings.Contains(err.Error(), "("+string(op)+" act1 with") || !strings.Contains(err.Error(), "0 is a ReLU") {
 				t.Fatalf("error = %v, want the ReLU policy's refusal saying act1 is a ReLU", err)
 			}
 			b = convBNAct(op, 0)

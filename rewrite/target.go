@@ -26,7 +26,7 @@ func chooseOp(st *State) error {
 		case ReLUError:
 			what := s.act.Name
 			if s.actNote != "" {
-				what += ": " + s.actNote
+				what = s.actNote // names the node too
 			}
 			return fmt.Errorf("node %s: BatchNorm2d + ReLU (%s) has no exact in-place form (ReLU policy %q; use %q for leaky_relu(%g) or %q for an exact ABN)",
 				s.bn.Name, what, ReLUError, ReLULeaky, st.opt.Slope, ReLUABN)
