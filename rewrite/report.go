@@ -65,7 +65,8 @@ type Site struct {
 	// Node is the BN's module path, also the converted node's name.
 	Node string `json:"node"`
 	// Activation is what followed the BN in the source network: relu,
-	// leaky_relu, elu or identity (nothing fusable).
+	// leaky_relu, elu or identity (nothing fusable, KeptActivation
+	// included). A LeakyReLU or ELU with parameter 0 reads relu (Note).
 	Activation string `json:"activation"`
 	// ActivationNode is the activation node fused away, if any.
 	ActivationNode string `json:"activation_node,omitempty"`
