@@ -72,6 +72,7 @@ interop: build
 	$(PYTHON) fixtures/interop_graph.py --bin $(BIN)
 	$(PYTHON) fixtures/acts.py check --bin $(BIN)
 	$(PYTHON) fixtures/alias.py check --bin $(BIN)
+	$(PYTHON) fixtures/bnparams.py check --bin $(BIN)
 	$(PYTHON) fixtures/shape_nets.py check --bin $(BIN)
 	$(PYTHON) fixtures/stochdepth.py check --bin $(BIN)
 	$(PYTHON) fixtures/probe.py check --bin $(BIN)

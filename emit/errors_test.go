@@ -40,6 +40,17 @@ func TestErrors(t *testing.T) {
 			n.Attr.Activation, n.Attr.ActParam = graph.ActELU, -1
 			return b.g
 		}, []string{`"bn1"`, "inverted"}},
+		{"leaky slope negative in ABN", func(b *builder) *graph.Graph {
+			// ABN's leaky_relu runs in place: torch refuses its backward.
+			n := b.g.Node("bn1")
+			n.Op, n.Attr.ActParam = graph.OpABN, -0.1
+			return b.g
+		}, []string{`"bn1"`, "negative_slope below 0", "identity ABN"}},
+		{"elu alpha negative in ABN", func(b *builder) *graph.Graph {
+			n := b.g.Node("bn1")
+			n.Op, n.Attr.Activation, n.Attr.ActParam = graph.OpABN, graph.ActELU, -1
+			return b.g
+		}, []string{`"bn1"`, "alpha below 0"}},
 		{"unknown activation", func(b *builder) *graph.Graph {
 			b.g.Node("bn1").Attr.Activation = "gelu"
 			return b.g

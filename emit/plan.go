@@ -325,7 +325,8 @@ func normCtor(n *graph.Node) (string, error) {
 
 // checkActivation refuses at conversion time what would fail only later, at
 // forward or backward time: relu in an in-place layer (not invertible), and
-// a leaky slope or ELU alpha that its backward pass would divide by.
+// a leaky slope or ELU alpha that its backward pass would divide by, or
+// that torch's in-place backward refuses (a negative one).
 func checkActivation(n *graph.Node) error {
 	a := n.Attr
 	switch a.Activation {
@@ -335,6 +336,14 @@ func checkActivation(n *graph.Node) error {
 		// output and divides by the parameter: it must be positive.
 		if isInPlace(n.Op) && !(a.ActParam > 0) {
 			return fmt.Errorf("%s(%g) cannot be inverted in the backward pass", a.Activation, a.ActParam)
+		}
+		// inplace_abn's ABN runs its activation in place too (1.1.0:
+		// F.leaky_relu(x, slope, inplace=True)), and torch refuses that
+		// backward for a negative parameter. The rewrite keeps such an
+		// activation out of place after an identity BN.
+		if !(a.ActParam >= 0) {
+			return fmt.Errorf("%s(%g): %s applies its activation in place, and torch has no in-place backward for %s below 0 (keep the activation as its own node after an identity %s)",
+				a.Activation, a.ActParam, n.Op, paramName(a.Activation), n.Op)
 		}
 	default:
 		return fmt.Errorf("unknown activation %q", a.Activation)
@@ -548,4 +557,12 @@ func private(v *graph.Value, g *graph.Graph) bool {
 		return n.Attr.Activation == graph.ActIdentity
 	}
 	return true
+}
+
+// paramName is what PyTorch calls the parameter of activation act.
+func paramName(act string) string {
+	if act == graph.ActELU {
+		return "alpha"
+	}
+	return "negative_slope"
 }

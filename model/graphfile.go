@@ -2,8 +2,10 @@ package model
 
 import (
 	"fmt"
+	"math"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/abnconvert/abnconvert/arch"
@@ -135,6 +137,13 @@ func graphFromONNX(path string, w graph.Weights) (*graph.Graph, *arch.Match, err
 	g.Arch = fmt.Sprintf("custom (structure from %s)", filepath.Base(path))
 	match := &arch.Match{Arch: g.Arch, Family: "graph", Prefix: prefix, Exact: true,
 		Notes: []string{fmt.Sprintf("structure from %s (opset %d), parameters matched by name", path, m.Opset)}}
+	note, err := cumulativeMomentum(g, w, m.ExportMode())
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if note != "" {
+		match.Notes = append(match.Notes, note)
+	}
 	if opaque := m.Opaque(); len(opaque) > 0 {
 		// A state dict converted along a graph the runtime cannot run could
 		// be neither emitted as a module nor verified: say so, every op at
@@ -145,6 +154,70 @@ func graphFromONNX(path string, w graph.Weights) (*graph.Graph, *arch.Match, err
 		match.Warnings = append(match.Warnings, fmt.Sprintf("%s was exported in eval mode, which drops every Dropout and StochasticDepth layer: the emitted module trains without any the network had; to keep them, export with model.train() and training=torch.onnx.TrainingMode.PRESERVE (torch 1.x exports StochasticDepth's noise only with torch 2's bernoulli symbolic registered, see the README; or give the whole pickled module, torch.save(model))", path))
 	}
 	return g, match, nil
+}
+
+// cumulativeMomentum marks the BatchNorm nodes that are
+// BatchNorm2d(momentum=None), a cumulative average, and says so in one
+// note for the network. An export does not carry momentum=None: torch
+// writes the factor of the export's own forward as a constant, 1/N with N
+// the num_batches_tracked that forward reached (train mode; the state dict
+// holds N when saved after the export, as the README's recipe does, N - 1
+// when saved before), or 0 in eval mode. Read as a momentum, 1/1001 would
+// make the running statistics drift from the network's. A node is marked
+// where the export's factor is 1/N or 1/(N+1) for the state dict's
+// num_batches_tracked N, or 0 in an eval export, except a power of ten
+// (0.1, torch's default, 0.01, ...), which is read as the momentum people
+// write. Nodes without a num_batches_tracked keep the factor as momentum.
+func cumulativeMomentum(g *graph.Graph, w graph.Weights, mode string) (string, error) {
+	var marked []string
+	for _, n := range g.Nodes {
+		key, ok := n.Params[graph.RoleNumBatches]
+		if n.Op != graph.OpBatchNorm || !ok || n.Attr.MomentumNone {
+			continue
+		}
+		v, err := w.Values(key)
+		if err != nil {
+			return "", fmt.Errorf("node %s: %w", n.Name, err)
+		}
+		if len(v) != 1 || v[0] < 0 || v[0] != math.Trunc(v[0]) {
+			return "", fmt.Errorf("node %s: %s holds %v, want one count (a BatchNorm's num_batches_tracked)", n.Name, key, v)
+		}
+		count := int64(v[0])
+		f := n.Attr.Momentum
+		cumulative := false
+		switch {
+		case mode == "eval":
+			// torch's eval forward takes factor 0 for momentum=None and
+			// the momentum itself otherwise.
+			cumulative = f == 0
+		case powerOfTen(f):
+		default:
+			cumulative = onnx.CumulativeFactor(f, count) || onnx.CumulativeFactor(f, count+1)
+		}
+		if cumulative {
+			n.Attr.Momentum, n.Attr.MomentumNone = 0, true
+			marked = append(marked, n.Name)
+		}
+	}
+	if len(marked) == 0 {
+		return "", nil
+	}
+	rule := "whose export factor is 1/N or 1/(N+1) for the state dict's num_batches_tracked N (torch writes the factor of the export's own forward, not momentum=None)"
+	if mode == "eval" {
+		rule = "whose export factor is 0 (an eval-mode export writes 0 for momentum=None, and the momentum itself otherwise)"
+	}
+	return fmt.Sprintf("%d BatchNorm layer(s) read as momentum=None, a cumulative moving average, %s: %s; a real momentum equal to that factor cannot be told apart in an export: compare the running statistics after a training step with the real model's, or convert the whole pickled module (torch.save(model)), which carries momentum itself",
+		len(marked), rule, summarize(marked, 6)), nil
+}
+
+// powerOfTen reports a momentum of 0.1, 0.01, ...: torch's default and
+// the values people write, read as a momentum even where it equals 1/N.
+func powerOfTen(f float64) bool {
+	if !(f > 0) {
+		return false
+	}
+	// The shortest decimal: "0.1", "0.01", "0.001", "1e-04", ...
+	return strconv.FormatFloat(f, 'g', -1, 64) == strconv.FormatFloat(math.Pow(10, math.Round(math.Log10(f))), 'g', -1, 64)
 }
 
 // statePrefix is the key prefix the state dict adds to the graph's

@@ -390,6 +390,19 @@ func (b *builder) batchNorm(info *nodeInfo, a attrs, data dataFn) (graph.Op, gra
 	return graph.OpBatchNorm, attr, ""
 }
 
+// CumulativeFactor reports whether momentum, a BatchNormalization's as read
+// (1 - its ONNX momentum attribute), is the factor torch writes for a
+// BatchNorm2d(momentum=None) whose num_batches_tracked is n at the
+// export's train-mode forward: torch's forward adds one to the count and
+// takes the factor 1/n as a Python float, and the exporter writes 1 - 1/n
+// rounded to float32. A real momentum equal to that value reads the same.
+func CumulativeFactor(momentum float64, n int64) bool {
+	if n < 1 {
+		return false
+	}
+	return oneMinus32(float32(1-1/float64(n))) == momentum
+}
+
 func (b *builder) pool(info *nodeInfo, a attrs, data dataFn) (graph.Op, graph.Attr, string) {
 	n := info.proto
 	var attr graph.Attr

@@ -11,6 +11,9 @@ import (
 type site struct {
 	bn  *graph.Node
 	act *graph.Node // the activation fused into the site; nil for identity
+	// kept is the activation after the BN that cannot be fused for its
+	// parameter and stays as its own node (negativeParam).
+	kept *graph.Node
 
 	// The activation as found in the source network.
 	srcAct   string
@@ -26,6 +29,7 @@ type site struct {
 	forced   bool   // fell back to ABN because in place was impossible
 	reason   string // why forced or approximated
 	note     string // extra words, e.g. why channels were flipped, not folded
+	actNote  string // how the source activation was read (slope 0 is a ReLU, a negative one kept apart)
 
 	eps      float64
 	negative []int // channels with gamma < 0 in the source
@@ -79,6 +83,17 @@ func fusableActivation(g *graph.Graph, bn *graph.Node) (*graph.Node, string) {
 		if len(out.Consumers) != 1 {
 			return nil, fmt.Sprintf("%s reads its output twice", r.Name)
 		}
+		if negativeParam(r) {
+			// InPlace-ABN cannot invert it, and ABN is no way out: the
+			// real library's ABN applies its activation in place, and
+			// torch refuses an in-place leaky_relu or elu backward with a
+			// negative parameter ("In-place leakyReLu backward
+			// calculation is triggered with a negative slope which is
+			// not supported"). Out of place, after an identity BN, it is
+			// exact.
+			return nil, fmt.Sprintf("followed by %s %s with %s %g, which InPlace-ABN cannot invert and ABN cannot run (ABN applies its activation in place, and torch has no in-place backward for %s below 0): the BN takes the identity activation and %s stays after it, out of place, keeping the tensor an in-place BN keeps (exact; one tensor fewer kept for backward)",
+				r.Op, r.Name, actParamName(r.Op), r.Attr.ActParam, actParamName(r.Op), r.Op)
+		}
 		return r, ""
 	case graph.OpSigmoid:
 		// Not invertible, and it keeps its own output: the in-place BN
@@ -107,6 +122,11 @@ func matchBNAct(st *State) error {
 		act, why := fusableActivation(st.g, n)
 		if act == nil {
 			s.match = why
+			if r := uniqueNodes(n.Out.Consumers); len(r) == 1 && negativeParam(r[0]) && !st.g.IsOutput(n.Out) {
+				// Said in the table's reason column too: the source's
+				// activation runs apart from the converted BN.
+				s.kept, s.actNote = r[0], why
+			}
 		} else {
 			s.act = act
 			switch act.Op {
@@ -116,6 +136,14 @@ func matchBNAct(st *State) error {
 				s.srcAct, s.srcParam = graph.ActLeakyReLU, act.Attr.ActParam
 			case graph.OpELU:
 				s.srcAct, s.srcParam = graph.ActELU, act.Attr.ActParam
+			}
+			if s.srcAct != graph.ActReLU && s.srcParam == 0 {
+				// max(0, x), in value and in gradient (PyTorch's
+				// backward gives 0 at x = 0 for all three): a ReLU,
+				// which InPlace-ABN cannot invert either, so the ReLU
+				// policy decides, as for nn.ReLU.
+				s.actNote = fmt.Sprintf("%s %s with %s 0 is a ReLU: it follows the ReLU policy", act.Op, act.Name, actParamName(act.Op))
+				s.srcAct, s.srcParam = graph.ActReLU, 0
 			}
 		}
 		gamma, err := st.t.vec(s.key(graph.RoleWeight))
@@ -165,6 +193,20 @@ func checkBNParams(st *State, n *graph.Node) error {
 		n.Out.Channels = features
 	}
 	return nil
+}
+
+// negativeParam reports a LeakyReLU or ELU whose parameter is negative (or
+// NaN): one that neither InPlace-ABN nor ABN can take.
+func negativeParam(r *graph.Node) bool {
+	return (r.Op == graph.OpLeakyReLU || r.Op == graph.OpELU) && !(r.Attr.ActParam >= 0)
+}
+
+// actParamName is what PyTorch calls a LeakyReLU's or an ELU's parameter.
+func actParamName(op graph.Op) string {
+	if op == graph.OpELU {
+		return "alpha"
+	}
+	return "negative_slope"
 }
 
 func uniqueNodes(list []*graph.Node) []*graph.Node {

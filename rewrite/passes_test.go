@@ -167,10 +167,15 @@ func TestChooseOp(t *testing.T) {
 		{graph.OpReLU, 0, Options{Slope: 0.2, Sync: true}, graph.OpInPlaceABNSync, graph.ActLeakyReLU, 0.2, true, false},
 		{graph.OpReLU, 0, Options{ReLU: ReLUABN, Sync: true}, graph.OpABN, graph.ActReLU, 0, false, false},
 		{graph.OpLeakyReLU, 0.3, Options{}, graph.OpInPlaceABN, graph.ActLeakyReLU, 0.3, false, false},
-		{graph.OpLeakyReLU, 0, Options{}, graph.OpABN, graph.ActLeakyReLU, 0, false, true},
-		{graph.OpLeakyReLU, -0.1, Options{}, graph.OpABN, graph.ActLeakyReLU, -0.1, false, true},
+		// Slope 0 is a ReLU and follows the ReLU policy.
+		{graph.OpLeakyReLU, 0, Options{}, graph.OpInPlaceABN, graph.ActLeakyReLU, 0.01, true, false},
+		{graph.OpLeakyReLU, 0, Options{ReLU: ReLUABN}, graph.OpABN, graph.ActReLU, 0, false, false},
+		// A negative slope is not fused: the BN is identity, the
+		// activation stays (TestNegativeActivationParam).
+		{graph.OpLeakyReLU, -0.1, Options{}, graph.OpInPlaceABN, graph.ActIdentity, 0, false, false},
 		{graph.OpELU, 1, Options{Sync: true}, graph.OpInPlaceABNSync, graph.ActELU, 1, false, false},
-		{graph.OpELU, 0, Options{}, graph.OpABN, graph.ActELU, 0, false, true},
+		{graph.OpELU, 0, Options{ReLU: ReLUABN}, graph.OpABN, graph.ActReLU, 0, false, false},
+		{graph.OpELU, -1, Options{}, graph.OpInPlaceABN, graph.ActIdentity, 0, false, false},
 		{"", 0, Options{ReLU: ReLUError}, graph.OpInPlaceABN, graph.ActIdentity, 0, false, false},
 	}
 	for _, tc := range cases {
@@ -257,6 +262,7 @@ func TestFoldSigns(t *testing.T) {
 		convFlips map[string][]int
 		folded    map[string][]int
 		blocked   map[string]string // site -> substring of its note
+		opt       Options
 	}{
 		{
 			name: "one reader",
@@ -292,9 +298,10 @@ func TestFoldSigns(t *testing.T) {
 			build: func(b *net) {
 				x := b.conv("x", b.g.Input, 2, 1, 1, false)
 				b.bn("bn1", b.cat("cat1", x), -1, 1)
-				// slope 0 is not invertible: bn2 falls back to ABN.
-				b.act("r", graph.OpLeakyReLU, 0, b.bn("bn2", b.cat("cat2", x), 1, 1))
+				// ReLU under --relu abn: bn2 is ABN.
+				b.act("r", graph.OpReLU, 0, b.bn("bn2", b.cat("cat2", x), 1, 1))
 			},
+			opt:       Options{ReLU: ReLUABN},
 			convFlips: map[string][]int{"x.weight": {0}},
 			folded:    map[string][]int{"bn1": {0}, "bn2": {0}},
 		},
@@ -348,7 +355,7 @@ func TestFoldSigns(t *testing.T) {
 			b := newNet(2, 4, 1)
 			tc.build(b)
 			before := snapshot(t, b.w)
-			st := upTo(t, b, Options{}, "fold-signs")
+			st := upTo(t, b, tc.opt, "fold-signs")
 			for _, s := range st.sites {
 				if !slices.Equal(s.folded, tc.folded[s.bn.Name]) {
 					t.Errorf("%s folded %v, want %v", s.bn.Name, s.folded, tc.folded[s.bn.Name])

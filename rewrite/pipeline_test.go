@@ -45,8 +45,8 @@ func TestConvBNActivation(t *testing.T) {
 		{"leaky relu", graph.OpLeakyReLU, 0.2, Options{}, graph.OpInPlaceABN, graph.ActLeakyReLU, OutcomeSignFolded},
 		{"leaky relu sync", graph.OpLeakyReLU, 0.2, Options{Sync: true}, graph.OpInPlaceABNSync, graph.ActLeakyReLU, OutcomeSignFolded},
 		{"elu", graph.OpELU, 1.0, Options{}, graph.OpInPlaceABN, graph.ActELU, OutcomeSignFolded},
-		{"leaky relu slope 0 is not invertible", graph.OpLeakyReLU, 0, Options{}, graph.OpABN, graph.ActLeakyReLU, OutcomeFallbackABN},
-		{"elu alpha -1 is not invertible", graph.OpELU, -1, Options{}, graph.OpABN, graph.ActELU, OutcomeFallbackABN},
+		{"leaky relu slope 0 is a relu", graph.OpLeakyReLU, 0, Options{ReLU: ReLUABN}, graph.OpABN, graph.ActReLU, OutcomeExact},
+		{"elu alpha 0 is a relu", graph.OpELU, 0, Options{}, graph.OpInPlaceABN, graph.ActLeakyReLU, OutcomeApproximated},
 		{"identity", "", 0, Options{}, graph.OpInPlaceABN, graph.ActIdentity, OutcomeSignFolded},
 	}
 	for _, tc := range cases {
@@ -684,5 +684,87 @@ func TestReLUFallbackIsExact(t *testing.T) {
 	}
 	if d := maxAbsDiff(before, after); d > exact {
 		t.Fatalf("outputs differ by %g", d)
+	}
+}
+
+// TestNegativeActivationParam: a LeakyReLU or ELU with a negative parameter
+// is neither fused into InPlace-ABN (not invertible) nor into ABN (whose
+// activation runs in place, which torch cannot differentiate with a
+// negative parameter): the BN becomes the identity form, in place where it
+// may be, and the activation stays after it as its own node, exactly.
+func TestNegativeActivationParam(t *testing.T) {
+	cases := []struct {
+		name   string
+		op     graph.Op
+		param  float64
+		input  bool // the BN reads the network input: in place is impossible
+		wantOp graph.Op
+		what   string
+	}{
+		{"leaky -0.1", graph.OpLeakyReLU, -0.1, false, graph.OpInPlaceABN, "negative_slope -0.1"},
+		{"elu -0.5", graph.OpELU, -0.5, false, graph.OpInPlaceABN, "alpha -0.5"},
+		{"leaky -0.1 on the input", graph.OpLeakyReLU, -0.1, true, graph.OpABN, "negative_slope -0.1"},
+		{"leaky NaN", graph.OpLeakyReLU, math.NaN(), false, graph.OpInPlaceABN, "negative_slope NaN"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newNet(3, 6, 4)
+			x := b.g.Input
+			if !tc.input {
+				x = b.conv("conv1", x, 3, 3, 1, true)
+			}
+			b.conv("head", b.act("act1", tc.op, tc.param, b.bn("bn1", x, 0.7, -1.2, 0.4)), 2, 1, 1, false)
+			rep, before, after := convert(t, b, Options{ReLU: ReLUABN})
+			s := siteOf(t, rep, "bn1")
+			if s.Op != tc.wantOp || s.OpActivation != graph.ActIdentity || s.Activation != graph.ActIdentity || s.ActivationNode != "" || s.KeptActivation != "act1" {
+				t.Fatalf("site = %s(%s) from %s %q, want %s(identity)", s.Op, s.OpActivation, s.Activation, s.ActivationNode, tc.wantOp)
+			}
+			for _, text := range []string{s.Match, s.Note} {
+				if !strings.Contains(text, "act1 with "+tc.what) || !strings.Contains(text, "out of place") {
+					t.Fatalf("match %q / note %q: want the activation named with its %s, kept out of place", s.Match, s.Note, tc.what)
+				}
+			}
+			var table strings.Builder
+			rep.WriteTable(&table)
+			if !strings.Contains(table.String(), "stays after it, out of place") {
+				t.Fatalf("the table does not say the activation was kept:\n%s", table.String())
+			}
+			act := b.g.Node("act1")
+			if act == nil || act.Op != tc.op || len(act.Inputs) != 1 || act.Inputs[0] != b.g.Node("bn1").Out {
+				t.Fatalf("activation node not kept after bn1: %+v", act)
+			}
+			if !(act.Attr.ActParam == tc.param || math.IsNaN(tc.param) && math.IsNaN(act.Attr.ActParam)) {
+				t.Fatalf("activation parameter %g, want %g", act.Attr.ActParam, tc.param)
+			}
+			if math.IsNaN(tc.param) {
+				return
+			}
+			if d := maxAbsDiff(before, after); d > 1e-6 {
+				t.Fatalf("outputs differ by %g", d)
+			}
+		})
+	}
+}
+
+// TestZeroActivationParamIsReLU: LeakyReLU(0) and ELU(alpha=0) are ReLUs
+// and follow the ReLU policy, saying why.
+func TestZeroActivationParamIsReLU(t *testing.T) {
+	for _, op := range []graph.Op{graph.OpLeakyReLU, graph.OpELU} {
+		t.Run(string(op), func(t *testing.T) {
+			b := convBNAct(op, 0)
+			_, err := Run(b.g, b.w, Options{ReLU: ReLUError})
+			if err == nil || !strings.Contains(err.Error(), "("+string(op)+" act1 with") || !strings.Contains(err.Error(), "0 is a ReLU") {
+				t.Fatalf("error = %v, want the ReLU policy's refusal saying act1 is a ReLU", err)
+			}
+			b = convBNAct(op, 0)
+			rep, before, after := convert(t, b, Options{ReLU: ReLUABN})
+			s := siteOf(t, rep, "bn1")
+			if s.Op != graph.OpABN || s.OpActivation != graph.ActReLU || s.Activation != graph.ActReLU || !strings.Contains(s.Note, "0 is a ReLU") {
+				t.Fatalf("site = %s(%s) from %s, note %q", s.Op, s.OpActivation, s.Activation, s.Note)
+			}
+			if d := maxAbsDiff(before, after); d > 1e-9 {
+				t.Fatalf("outputs differ by %g", d)
+			}
+		})
 	}
 }

@@ -72,10 +72,16 @@ type Site struct {
 	// Node is the BN's module path, also the converted node's name.
 	Node string `json:"node"`
 	// Activation is what followed the BN in the source network: relu,
-	// leaky_relu, elu or identity (nothing fusable).
+	// leaky_relu, elu or identity (nothing fusable, KeptActivation
+	// included). A LeakyReLU or ELU with parameter 0 reads relu (Note).
 	Activation string `json:"activation"`
 	// ActivationNode is the activation node fused away, if any.
 	ActivationNode string `json:"activation_node,omitempty"`
+	// KeptActivation is the activation node that follows the BN and stays
+	// after it, out of place, because neither InPlace-ABN nor ABN can take
+	// its parameter (a negative leaky-ReLU slope or ELU alpha); Match says
+	// why.
+	KeptActivation string `json:"kept_activation,omitempty"`
 	// Op is the resulting op; OpActivation and OpActivationParam are the
 	// activation it runs.
 	Op                graph.Op `json:"op"`
@@ -148,8 +154,14 @@ func (st *State) report() *Report {
 		if s.note != "" && (len(s.flipped) > 0 || s.forced) {
 			site.Note = s.note
 		}
+		if s.actNote != "" {
+			site.Note = strings.TrimSuffix(s.actNote+"; "+site.Note, "; ")
+		}
 		if s.act != nil {
 			site.ActivationNode = s.act.Name
+		}
+		if s.kept != nil {
+			site.KeptActivation = s.kept.Name
 		}
 		r.Sites = append(r.Sites, site)
 		sum := &r.Summary
@@ -253,6 +265,8 @@ func (r *Report) WriteTable(w io.Writer) {
 			why = strings.Join(parts, "; ") + " (outputs change)"
 		case why == "":
 			why = x.Note
+		case x.KeptActivation != "":
+			why += "; " + x.Match
 		}
 		if x.Residual != "" {
 			res := fmt.Sprintf("adds %s in place (%s fused): keeps the sum only, one tensor fewer", x.Residual, x.ResidualAdd)

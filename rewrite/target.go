@@ -11,7 +11,9 @@ import (
 // chooseOp picks each site's target op and activation. InPlace-ABN recovers
 // its input from its output in the backward pass, so its activation must be
 // invertible: leaky_relu with a positive slope, elu with a positive alpha, or
-// identity. Everything else is ABN.
+// identity; match-bn-act fuses no other leaky_relu or elu (a parameter of 0
+// is read as a ReLU, a negative one stays out of place). ReLU follows the
+// ReLU policy.
 func chooseOp(st *State) error {
 	inPlace := graph.OpInPlaceABN
 	if st.opt.Sync {
@@ -19,42 +21,26 @@ func chooseOp(st *State) error {
 	}
 	for _, s := range st.sites {
 		s.op, s.actName, s.actParam = inPlace, s.srcAct, s.srcParam
-		switch s.srcAct {
-		case graph.ActReLU:
-			switch st.opt.ReLU {
-			case ReLUError:
-				return fmt.Errorf("node %s: BatchNorm2d + ReLU (%s) has no exact in-place form (ReLU policy %q; use %q for leaky_relu(%g) or %q for an exact ABN)",
-					s.bn.Name, s.act.Name, ReLUError, ReLULeaky, st.opt.Slope, ReLUABN)
-			case ReLUABN:
-				s.op, s.actParam = graph.OpABN, 0
-			default:
-				s.actName, s.actParam = graph.ActLeakyReLU, st.opt.Slope
-				s.approx = true
-				s.reason = fmt.Sprintf("ReLU replaced by leaky_relu(%g) so that the layer can run in place: outputs change where the pre-activation is negative", st.opt.Slope)
+		if s.srcAct != graph.ActReLU {
+			continue
+		}
+		switch st.opt.ReLU {
+		case ReLUError:
+			what := s.act.Name
+			if s.actNote != "" {
+				what = s.actNote // names the node too
 			}
-		case graph.ActLeakyReLU:
-			if why := notInvertible(s.srcAct, s.srcParam); why != "" {
-				s.fallBack(why)
-			}
-		case graph.ActELU:
-			if why := notInvertible(s.srcAct, s.srcParam); why != "" {
-				s.fallBack(why)
-			}
+			return fmt.Errorf("node %s: BatchNorm2d + ReLU (%s) has no exact in-place form (ReLU policy %q; use %q for leaky_relu(%g) or %q for an exact ABN)",
+				s.bn.Name, what, ReLUError, ReLULeaky, st.opt.Slope, ReLUABN)
+		case ReLUABN:
+			s.op, s.actParam = graph.OpABN, 0
+		default:
+			s.actName, s.actParam = graph.ActLeakyReLU, st.opt.Slope
+			s.approx = true
+			s.reason = fmt.Sprintf("ReLU replaced by leaky_relu(%g) so that the layer can run in place: outputs change where the pre-activation is negative", st.opt.Slope)
 		}
 	}
 	return nil
-}
-
-// notInvertible is choose-op's precondition for an in-place activation.
-func notInvertible(act string, param float64) string {
-	if param > 0 {
-		return ""
-	}
-	what := "slope"
-	if act == graph.ActELU {
-		what = "alpha"
-	}
-	return fmt.Sprintf("%s with %s %g is not invertible, which InPlace-ABN needs: ABN keeps it exact", act, what, param)
 }
 
 // producers whose output may be overwritten: none of them keeps its own

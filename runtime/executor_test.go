@@ -87,6 +87,22 @@ func TestSavedBytes(t *testing.T) {
 			x = h.norm("abn", graph.OpABN, x, 4, graph.ActReLU, 0)
 			h.conv("c2", x, 4, 4, 3, 1)
 		}, []int{2, 4, 5, 5}, act + act + 2*16 + act},
+		{"a negative-slope leaky relu kept after inplace-abn keeps z too, and writes a new tensor", func(h *hand) {
+			// rewrite's kept activation: out of place (torch has no
+			// in-place backward for a negative slope), keeping its
+			// input, the z InPlace-ABN keeps; the next conv keeps its
+			// fresh output.
+			x := h.conv("c1", h.g.Input, 4, 4, 3, 1)
+			x = h.norm("abn", graph.OpInPlaceABN, x, 4, graph.ActIdentity, 0)
+			x = h.g.Add("act", graph.OpLeakyReLU, graph.Attr{ActParam: -0.1}, nil, x)
+			h.conv("c2", x, 4, 4, 3, 1)
+		}, []int{2, 4, 5, 5}, act + act + 16 + act},
+		{"a negative-alpha elu likewise", func(h *hand) {
+			x := h.conv("c1", h.g.Input, 4, 4, 3, 1)
+			x = h.norm("abn", graph.OpInPlaceABN, x, 4, graph.ActIdentity, 0)
+			x = h.g.Add("act", graph.OpELU, graph.Attr{ActParam: -0.5}, nil, x)
+			h.conv("c2", x, 4, 4, 3, 1)
+		}, []int{2, 4, 5, 5}, act + act + 16 + act},
 		{"inplace-abn on a shared input works on a copy", func(h *hand) {
 			c := h.conv("c1", h.g.Input, 4, 4, 3, 1)
 			x := h.norm("abn", graph.OpInPlaceABN, c, 4, graph.ActIdentity, 0)
