@@ -413,12 +413,6 @@ func (g *Graph) Validate() error {
 		if (n.Op == OpInput) != (i == 0) {
 			return fmt.Errorf("graph: node %q: the input node must come first, and only once", n.Name)
 		}
-		if want, ok := arity[n.Op]; ok && want >= 0 && len(n.Inputs) != want {
-			return fmt.Errorf("graph: node %q (%s) has %d inputs, want %d", n.Name, n.Op, len(n.Inputs), want)
-		}
-		if (n.Op == OpConcat || n.Op == OpAdd) && len(n.Inputs) == 0 {
-			return fmt.Errorf("graph: node %q (%s) has no inputs", n.Name, n.Op)
-		}
 		if n.Op == OpInPlaceABN {
 			switch {
 			case len(n.Inputs) != 1 && len(n.Inputs) != 2:
@@ -432,6 +426,13 @@ func (g *Graph) Validate() error {
 		if n.Op == OpResize {
 			if err := n.Attr.checkResize(len(n.Inputs)); err != nil {
 				return fmt.Errorf("graph: node %q (%s): %w", n.Name, n.Op, err)
+			}
+		}
+		// After the two checks above, whose messages say more than the
+		// table's bounds. An op with no row is the readers' to refuse.
+		if info, ok := n.Op.Info(); ok {
+			if err := info.checkArity(len(n.Inputs)); err != nil {
+				return fmt.Errorf("graph: node %q (%s) %w", n.Name, n.Op, err)
 			}
 		}
 		for _, in := range n.Inputs {
@@ -473,15 +474,6 @@ func (g *Graph) Validate() error {
 		names[a.Name] = true
 	}
 	return nil
-}
-
-var arity = map[Op]int{
-	OpInput: 0, OpConv: 1, OpBatchNorm: 1, OpReLU: 1, OpLeakyReLU: 1, OpELU: 1,
-	OpInPlaceABN: -1, OpInPlaceABNSync: 1, OpABN: 1, OpAdd: -1, OpConcat: -1,
-	OpMaxPool: 1, OpAvgPool: 1, OpAdaptiveAvgPool: 1, OpFlatten: 1, OpLinear: 1, OpDropout: 1,
-	OpHardtanh: 1, OpSigmoid: 1, OpSiLU: 1, OpHardsigmoid: 1, OpHardswish: 1, OpGELU: 1,
-	OpMul: 2, OpSub: 2, OpDiv: 2,
-	OpResize: -1, OpStochasticDepth: 1,
 }
 
 // checkResize checks a Resize's inputs against its attributes: two
@@ -535,15 +527,15 @@ func (a Attr) ResizeShape(x, ref []int) ([]int, error) {
 // IsActivation reports whether op is an elementwise activation of one
 // input, the ones InPlace-ABN can fuse (ReLU, LeakyReLU, ELU) or not.
 func (op Op) IsActivation() bool {
-	switch op {
-	case OpReLU, OpLeakyReLU, OpELU, OpHardtanh, OpSigmoid, OpSiLU, OpHardsigmoid, OpHardswish, OpGELU:
-		return true
-	}
-	return false
+	info, _ := op.Info()
+	return info.Activation
 }
 
 // IsBinary reports whether op is a broadcasting binary elementwise op.
-func (op Op) IsBinary() bool { return op == OpMul || op == OpSub || op == OpDiv }
+func (op Op) IsBinary() bool {
+	info, _ := op.Info()
+	return info.Shape == ShapeBroadcast
+}
 
 func containsNode(list []*Node, n *Node) bool {
 	for _, m := range list {
@@ -565,7 +557,8 @@ func containsValue(list []*Value, v *Value) bool {
 
 // IsBNFamily reports whether op normalises with batch statistics.
 func (op Op) IsBNFamily() bool {
-	return op == OpBatchNorm || op == OpABN || op == OpInPlaceABN || op == OpInPlaceABNSync
+	info, _ := op.Info()
+	return info.Shape == ShapeNorm
 }
 
 // String renders the graph one node a line, for dumps and golden tests.

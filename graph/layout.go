@@ -115,13 +115,6 @@ func (d Dim) String(in func(int) string) string {
 	return s
 }
 
-func init() {
-	arity[OpReshape] = -1
-	arity[OpTranspose] = 1
-	arity[OpPad] = 1
-	arity[OpSlice] = 1
-}
-
 func (a Attr) layoutSummary(op Op) string {
 	l := a.Lay()
 	switch op {
