@@ -284,6 +284,24 @@ func (e *Executor) backward(r *run, i int, nd *graph.Node) error {
 	if err != nil {
 		return err
 	}
+	if info, _ := nd.Op.Info(); info.Activation {
+		// From the output where the op keeps it (ReLU, Sigmoid) or ran in
+		// place, else from the input.
+		act := actOf(nd)
+		fromOut := r.at(i).inPlace || info.Saves == graph.SaveOutput
+		saved := e.in(r, nd, 0)
+		if fromOut {
+			saved = r.vals[i]
+		}
+		tx, err := e.inputTarget(r, nd, 0, &dy)
+		if err != nil {
+			return err
+		}
+		if err := b.ActivationBackward(tx.dst, dy.t, saved, act, fromOut); err != nil {
+			return err
+		}
+		return tx.finish()
+	}
 	switch nd.Op {
 	case graph.OpConv, graph.OpLinear:
 		tx, tw, tb, err := e.layerTargets(r, nd, nil)
@@ -306,22 +324,6 @@ func (e *Executor) backward(r *run, i int, nd *graph.Node) error {
 		return finishAll(tx, tw, tb)
 	case graph.OpBatchNorm, graph.OpABN, graph.OpInPlaceABN, graph.OpInPlaceABNSync:
 		return e.normBackward(r, i, nd, &dy, e.in(r, nd, 0), r.vals[i])
-	case graph.OpReLU, graph.OpLeakyReLU, graph.OpELU, graph.OpHardtanh, graph.OpSigmoid, graph.OpSiLU,
-		graph.OpHardsigmoid, graph.OpHardswish, graph.OpGELU:
-		act := actOf(nd)
-		fromOut := r.at(i).inPlace || nd.Op == graph.OpReLU || nd.Op == graph.OpSigmoid
-		saved := e.in(r, nd, 0)
-		if fromOut {
-			saved = r.vals[i]
-		}
-		tx, err := e.inputTarget(r, nd, 0, &dy)
-		if err != nil {
-			return err
-		}
-		if err := b.ActivationBackward(tx.dst, dy.t, saved, act, fromOut); err != nil {
-			return err
-		}
-		return tx.finish()
 	case graph.OpAdd, graph.OpMul, graph.OpSub, graph.OpDiv:
 		if op, ok := binaryOf(nd, p, e.index); ok {
 			return e.binaryBackward(r, nd, dy.t, op)

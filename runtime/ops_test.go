@@ -106,9 +106,7 @@ func TestOpsAgainstTorch(t *testing.T) {
 	if len(gold.Cases) < 50 {
 		t.Fatalf("only %d cases in ops.json.gz", len(gold.Cases))
 	}
-	seen := map[string]bool{}
 	for _, c := range gold.Cases {
-		seen[c.Op] = true
 		t.Run(c.Name, func(t *testing.T) {
 			g, w := buildCase(c)
 			cpuMem := runCase(t, c, g, w, NewCPU(2), gold.Seed)
@@ -122,15 +120,7 @@ func TestOpsAgainstTorch(t *testing.T) {
 			}
 		})
 	}
-	for _, op := range []graph.Op{graph.OpConv, graph.OpBatchNorm, graph.OpReLU, graph.OpLeakyReLU, graph.OpELU,
-		graph.OpInPlaceABN, graph.OpInPlaceABNSync, graph.OpABN, graph.OpAdd, graph.OpConcat, graph.OpMaxPool,
-		graph.OpAvgPool, graph.OpAdaptiveAvgPool, graph.OpFlatten, graph.OpLinear, graph.OpDropout,
-		graph.OpHardtanh, graph.OpSigmoid, graph.OpSiLU, graph.OpHardsigmoid, graph.OpHardswish, graph.OpGELU,
-		graph.OpMul, graph.OpSub, graph.OpDiv} {
-		if !seen[string(op)] {
-			t.Errorf("no golden case for %s", op)
-		}
-	}
+	// TestOpTableKernels checks that every op of the table has a case.
 }
 
 func runCase(t *testing.T, c opCase, g *graph.Graph, w graph.Weights, b Backend, seed uint64) MemoryReport {

@@ -2,7 +2,6 @@ package runtime
 
 import (
 	"fmt"
-	"math"
 
 	"github.com/abnconvert/abnconvert/failure"
 	"github.com/abnconvert/abnconvert/graph"
@@ -386,16 +385,10 @@ func (p *plan) segmentInputs(g *graph.Graph, index map[*graph.Node]int, k int) [
 // (k >= 0), values from outside the segment are never overwritten, and
 // readers after the segment do not count: they read the forward's copy.
 func (p *plan) mayOverwrite(g *graph.Graph, index map[*graph.Node]int, nd *graph.Node, i, k int, sto func(int) int) bool {
-	switch nd.Op {
-	case graph.OpReLU, graph.OpInPlaceABN, graph.OpInPlaceABNSync:
-	case graph.OpLeakyReLU, graph.OpELU:
-		// The backward of an in-place activation only has the result; it
-		// must tell the two branches apart from it, which needs a positive
-		// slope or alpha.
-		if !(nd.Attr.ActParam > 0) {
-			return false
-		}
-	default:
+	// The row says which ops may (graph.InPlaceRule: an in-place
+	// LeakyReLU or ELU needs a positive parameter, to tell the two
+	// branches apart from the result).
+	if info, _ := nd.Op.Info(); !info.InPlace.Allows(nd.Attr) {
 		return false
 	}
 	in := nd.Inputs[0]
@@ -507,22 +500,21 @@ func (p *plan) planSaves(g *graph.Graph, nd *graph.Node, i int, pp *pass, sto fu
 		}
 		return
 	}
-	switch nd.Op {
-	case graph.OpConv, graph.OpLinear:
+	info, _ := nd.Op.Info()
+	switch info.Saves {
+	case graph.SaveInput:
+		// Convolution and linear layers keep their 16-bit weight copy
+		// too (no other op has one).
 		p.keep(i, in(0))
 		if pp.wcopy >= 0 {
 			p.keep(i, pp.wcopy)
 		}
-	case graph.OpAvgPool, graph.OpAdaptiveAvgPool:
-		// Average pools keep their input too: PyTorch's backward kernels
-		// take it (for its shape), so its autograd saves it.
-		p.keep(i, in(0))
-	case graph.OpBatchNorm:
+	case graph.SaveNorm:
 		p.keep(i, in(0))
 		for _, s := range pp.aux {
 			p.keep(i, s)
 		}
-	case graph.OpABN:
+	case graph.SaveABN:
 		// inplace_abn's ABN is batch_norm followed by an in-place
 		// activation: the input and statistics for the former, the
 		// result for the latter.
@@ -533,7 +525,7 @@ func (p *plan) planSaves(g *graph.Graph, nd *graph.Node, i int, pp *pass, sto fu
 		if actOf(nd).Kind != ActIdentity {
 			p.keep(i, out)
 		}
-	case graph.OpInPlaceABN, graph.OpInPlaceABNSync:
+	case graph.SaveInPlaceABN:
 		// The output z and the variance; the mean is not needed. With a
 		// residual, z is the sum, and the residual too, to recover the
 		// normalised output from it (the block's first layer keeps that
@@ -545,33 +537,26 @@ func (p *plan) planSaves(g *graph.Graph, nd *graph.Node, i int, pp *pass, sto fu
 		if nd.Residual() != nil {
 			p.keep(i, in(1))
 		}
-	case graph.OpReLU, graph.OpSigmoid:
+	case graph.SaveOutput:
 		p.keep(i, out)
-	case graph.OpHardtanh, graph.OpSiLU, graph.OpHardsigmoid, graph.OpHardswish, graph.OpGELU:
-		// PyTorch keeps their input; their in-place forms (torchvision's
-		// inplace=True ReLU6, SiLU, Hardswish) keep a copy of it, the same
-		// bytes. The runtime never runs them in place.
-		p.keep(i, in(0))
-	case graph.OpMul, graph.OpDiv:
+	case graph.SaveOperands:
 		// Both operands (every value of a graph requires grad).
 		p.keep(i, in(0))
 		p.keep(i, in(1))
-	case graph.OpLeakyReLU, graph.OpELU:
+	case graph.SaveInputOrOutput:
 		if pp.inPlace {
 			p.keep(i, out)
 		} else {
 			p.keep(i, in(0))
 		}
-	case graph.OpMaxPool:
+	case graph.SaveInputIndices:
 		p.keep(i, in(0))
 		p.keep(i, pp.aux[0])
-	case graph.OpDropout:
-		if p.training {
-			p.keep(i, pp.aux[0])
-		}
-	case graph.OpStochasticDepth:
-		if stochasticDepthActive(nd, p.training) {
-			p.keep(i, pp.aux[0])
+	case graph.SaveAux:
+		// planAux made the draw only where the op uses one (a dropout
+		// mask in training, stochastic depth's noise when active).
+		for _, s := range pp.aux {
+			p.keep(i, s)
 		}
 	}
 }
@@ -621,8 +606,7 @@ func (p *plan) findGroups(g *graph.Graph, index map[*graph.Node]int) error {
 			switch {
 			case abn.Op == graph.OpInPlaceABN || abn.Op == graph.OpInPlaceABNSync:
 				return bad(fmt.Sprintf("%s is in place and takes no separate activation", abn.Name))
-			case act.Op == graph.OpReLU:
-			case (act.Op == graph.OpLeakyReLU || act.Op == graph.OpELU) && act.Attr.ActParam > 0:
+			case act.Op.IsActivation() && inPlaceRule(act.Op).Allows(act.Attr):
 			default:
 				// The activation runs in place on the shared buffer, so
 				// its backward must work from its output.
@@ -647,6 +631,12 @@ func (p *plan) findGroups(g *graph.Graph, index map[*graph.Node]int) error {
 		p.groups = append(p.groups, gr)
 	}
 	return nil
+}
+
+// inPlaceRule is op's row's in-place rule.
+func inPlaceRule(op graph.Op) graph.InPlaceRule {
+	info, _ := op.Info()
+	return info.InPlace
 }
 
 func onlyReader(v *graph.Value, n *graph.Node) bool {
@@ -683,8 +673,14 @@ func outShape(nd *graph.Node, input []int, ins [][]int, training bool) ([]int, e
 		return nil
 	}
 	a := normAttr(nd)
-	switch nd.Op {
-	case graph.OpInput:
+	info, _ := nd.Op.Info()
+	if info.Check != nil {
+		if err := info.Check(a); err != nil {
+			return nil, err
+		}
+	}
+	switch info.Shape {
+	case graph.ShapeInput:
 		if len(input) < 2 {
 			return nil, fmt.Errorf("input shape %v: want at least (N, C)", input)
 		}
@@ -697,7 +693,7 @@ func outShape(nd *graph.Node, input []int, ins [][]int, training bool) ([]int, e
 			return nil, fmt.Errorf("input has %d channels, the graph wants %d", input[1], c)
 		}
 		return append([]int(nil), input...), nil
-	case graph.OpConv:
+	case graph.ShapeConv:
 		if err := need4(); err != nil {
 			return nil, err
 		}
@@ -719,7 +715,7 @@ func outShape(nd *graph.Node, input []int, ins [][]int, training bool) ([]int, e
 			return nil, fmt.Errorf("input %v is too small for kernel %v dilation %v padding %v", x, a.KernelSize, a.Dilation, a.Padding)
 		}
 		return []int{x[0], a.OutChannels, h, w}, nil
-	case graph.OpBatchNorm, graph.OpABN, graph.OpInPlaceABN, graph.OpInPlaceABNSync:
+	case graph.ShapeNorm:
 		// (N, C, H, W), or (N, C) after a Linear (BatchNorm1d).
 		if len(ins[0]) != 2 {
 			if err := need4(); err != nil {
@@ -737,7 +733,7 @@ func outShape(nd *graph.Node, input []int, ins [][]int, training bool) ([]int, e
 		if training && numel(x)/x[1] < 2 {
 			return nil, fmt.Errorf("expected more than 1 value per channel when training, got input size %v", x)
 		}
-		if nd.Op == graph.OpInPlaceABN || nd.Op == graph.OpInPlaceABNSync {
+		if info.Saves == graph.SaveInPlaceABN {
 			// The backward recovers the input from the output, so the
 			// activation must be invertible.
 			switch act := actOf(nd); {
@@ -748,30 +744,12 @@ func outShape(nd *graph.Node, input []int, ins [][]int, training bool) ([]int, e
 			}
 		}
 		return append([]int(nil), x...), nil
-	case graph.OpReLU, graph.OpLeakyReLU, graph.OpELU, graph.OpDropout, graph.OpSigmoid, graph.OpSiLU,
-		graph.OpHardswish, graph.OpGELU:
+	case graph.ShapeSame:
+		// The row's Check has validated the attributes.
 		return append([]int(nil), ins[0]...), nil
-	case graph.OpStochasticDepth:
-		if a.Mode != "" && a.Mode != graph.StochasticBatch {
-			return nil, fmt.Errorf("mode %q: want row (\"\") or %s", a.Mode, graph.StochasticBatch)
-		}
-		if !(a.P >= 0 && a.P <= 1) {
-			return nil, fmt.Errorf("p %g is not a probability", a.P)
-		}
-		return append([]int(nil), ins[0]...), nil
-	case graph.OpHardtanh:
-		if !(a.ActParam <= a.ActParam2) {
-			return nil, fmt.Errorf("bounds [%g, %g] are empty", a.ActParam, a.ActParam2)
-		}
-		return append([]int(nil), ins[0]...), nil
-	case graph.OpHardsigmoid:
-		if math.IsNaN(a.ActParam) || math.IsNaN(a.ActParam2) || math.IsInf(a.ActParam, 0) || math.IsInf(a.ActParam2, 0) {
-			return nil, fmt.Errorf("alpha %g, beta %g: not finite", a.ActParam, a.ActParam2)
-		}
-		return append([]int(nil), ins[0]...), nil
-	case graph.OpMul, graph.OpSub, graph.OpDiv:
+	case graph.ShapeBroadcast:
 		return BroadcastShape(ins[0], ins[1])
-	case graph.OpAdd:
+	case graph.ShapeSum:
 		if len(ins) == 2 && !sameInts(ins[0], ins[1]) {
 			return BroadcastShape(ins[0], ins[1])
 		}
@@ -781,7 +759,7 @@ func outShape(nd *graph.Node, input []int, ins [][]int, training bool) ([]int, e
 			}
 		}
 		return append([]int(nil), ins[0]...), nil
-	case graph.OpConcat:
+	case graph.ShapeConcat:
 		if isLayoutOp(nd, ins) {
 			break
 		}
@@ -799,7 +777,7 @@ func outShape(nd *graph.Node, input []int, ins [][]int, training bool) ([]int, e
 			out[1] += s[1]
 		}
 		return out, nil
-	case graph.OpMaxPool, graph.OpAvgPool:
+	case graph.ShapePool:
 		if err := need4(); err != nil {
 			return nil, err
 		}
@@ -816,7 +794,7 @@ func outShape(nd *graph.Node, input []int, ins [][]int, training bool) ([]int, e
 			}
 		}
 		return out, nil
-	case graph.OpAdaptiveAvgPool:
+	case graph.ShapeAdaptivePool:
 		if err := need4(); err != nil {
 			return nil, err
 		}
@@ -825,7 +803,7 @@ func outShape(nd *graph.Node, input []int, ins [][]int, training bool) ([]int, e
 			return nil, fmt.Errorf("output size %v must be positive", a.OutputSize)
 		}
 		return []int{x[0], x[1], a.OutputSize[0], a.OutputSize[1]}, nil
-	case graph.OpFlatten:
+	case graph.ShapeFlatten:
 		x := ins[0]
 		sd := a.StartDim
 		if sd < 0 {
@@ -836,7 +814,7 @@ func outShape(nd *graph.Node, input []int, ins [][]int, training bool) ([]int, e
 		}
 		out := append([]int(nil), x[:sd]...)
 		return append(out, numel(x[sd:])), nil
-	case graph.OpLinear:
+	case graph.ShapeLinear:
 		x := ins[0]
 		if len(x) != 2 {
 			return nil, fmt.Errorf("input has shape %v, want (N, features)", x)

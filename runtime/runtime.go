@@ -608,6 +608,10 @@ func (e *Executor) forward(r *run, i int, nd *graph.Node, x *HostTensor, recompu
 	if isLayoutOp(nd, r.inShapes(e, nd)) {
 		return e.layoutForward(r, i, nd)
 	}
+	if nd.Op.IsActivation() {
+		// The table's activations, one kernel with actOf's parameters.
+		return b.Activation(y, e.in(r, nd, 0), actOf(nd))
+	}
 	switch nd.Op {
 	case graph.OpInput:
 		if b.Executes() {
@@ -631,9 +635,6 @@ func (e *Executor) forward(r *run, i int, nd *graph.Node, x *HostTensor, recompu
 			return b.Sum(y, y, e.in(r, nd, 1))
 		}
 		return nil
-	case graph.OpReLU, graph.OpLeakyReLU, graph.OpELU, graph.OpHardtanh, graph.OpSigmoid, graph.OpSiLU,
-		graph.OpHardsigmoid, graph.OpHardswish, graph.OpGELU:
-		return b.Activation(y, e.in(r, nd, 0), actOf(nd))
 	case graph.OpAdd, graph.OpMul, graph.OpSub, graph.OpDiv:
 		if op, ok := binaryOf(nd, r.p, e.index); ok {
 			bb, err := e.broadcasting()

@@ -216,13 +216,8 @@ func sqrtRanges(g *graph.Graph) [][2]int {
 // input must survive until the recomputation.
 func overwrittenInPlace(nd *graph.Node) bool {
 	for _, c := range nd.Out.Consumers {
-		switch c.Op {
-		case graph.OpReLU, graph.OpInPlaceABN, graph.OpInPlaceABNSync:
+		if inPlaceRule(c.Op).Allows(c.Attr) {
 			return true
-		case graph.OpLeakyReLU, graph.OpELU:
-			if c.Attr.ActParam > 0 {
-				return true
-			}
 		}
 	}
 	return false

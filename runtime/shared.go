@@ -23,10 +23,8 @@ func MarkSharedBuffers(g *graph.Graph) int {
 		if act == nil || act.Recompute != "" {
 			continue
 		}
-		switch {
-		case act.Op == graph.OpReLU:
-		case (act.Op == graph.OpLeakyReLU || act.Op == graph.OpELU) && act.Attr.ActParam > 0:
-		default:
+		// The activation runs in place on the shared buffer.
+		if !act.Op.IsActivation() || !inPlaceRule(act.Op).Allows(act.Attr) {
 			continue
 		}
 		conv := soleReader(g, act)

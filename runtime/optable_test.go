@@ -1,0 +1,54 @@
+package runtime
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/abnconvert/abnconvert/graph"
+)
+
+// TestOpTableKernels checks that the runtime can run every op of graph's
+// table: each row has a case against PyTorch autograd (forward, backward
+// and the saved-tensor bytes) in ops.json.gz or layout_ops.json.gz, or a
+// test of its own named here, so that an op added to the table without
+// kernels, or without a golden case, fails here.
+func TestOpTableKernels(t *testing.T) {
+	var ops, layout struct {
+		Cases []opCase `json:"cases"`
+	}
+	readGolden(t, "ops.json.gz", &ops)
+	readGolden(t, "layout_ops.json.gz", &layout)
+	covered := map[graph.Op]string{
+		graph.OpInput:           "every case",
+		graph.OpStochasticDepth: "TestStochasticDepth* (torchvision's draw)",
+	}
+	for _, c := range append(ops.Cases, layout.Cases...) {
+		covered[graph.Op(c.Op)] = c.Name
+	}
+	for _, r := range graph.Ops() {
+		if covered[r.Op] == "" {
+			t.Errorf("op %s has a row in graph's table but no case against PyTorch autograd (add one to fixtures/ops.py)", r.Op)
+		}
+	}
+}
+
+// TestOpTableShapes checks that outShape has a case for every shape rule
+// of the table: a one-node graph of each op is planned, and only the op's
+// own attribute checks may refuse it, never "unsupported op".
+func TestOpTableShapes(t *testing.T) {
+	for _, r := range graph.Ops() {
+		if r.Op == graph.OpInput {
+			continue
+		}
+		n := r.MinInputs
+		nd := &graph.Node{Name: "n", Op: r.Op, Inputs: make([]*graph.Value, n)}
+		ins := make([][]int, n)
+		for k := range ins {
+			ins[k] = []int{2, 3, 4, 4}
+		}
+		_, err := outShape(nd, []int{2, 3, 4, 4}, ins, false)
+		if err != nil && strings.Contains(err.Error(), "unsupported op") {
+			t.Errorf("%s (shape rule %d): %v", r.Op, r.Shape, err)
+		}
+	}
+}
