@@ -78,8 +78,9 @@ func fusableActivation(g *graph.Graph, bn *graph.Node) (*graph.Node, string) {
 		return nil, fmt.Sprintf("its output is read by %d nodes (%s)", len(readers), nodeNames(readers))
 	}
 	r := readers[0]
-	switch r.Op {
-	case graph.OpReLU, graph.OpLeakyReLU, graph.OpELU:
+	info, _ := r.Op.Info()
+	switch {
+	case info.ABNAct != "":
 		if len(out.Consumers) != 1 {
 			return nil, fmt.Sprintf("%s reads its output twice", r.Name)
 		}
@@ -95,8 +96,8 @@ func fusableActivation(g *graph.Graph, bn *graph.Node) (*graph.Node, string) {
 				r.Op, r.Name, actParamName(r.Op), r.Attr.ActParam, actParamName(r.Op), r.Op)
 		}
 		return r, ""
-	case graph.OpSigmoid:
-		// Not invertible, and it keeps its own output: the in-place BN
+	case info.Activation && info.Saves == graph.SaveOutput:
+		// Not invertible (Sigmoid), and it keeps its own output: the in-place BN
 		// saves nothing here, and costs nothing.
 		return nil, fmt.Sprintf("followed by %s %s, which InPlace-ABN cannot invert: the BN takes the identity activation and %s stays after it, out of place (exact; %s keeps its own output, so the site keeps as many tensors as before)", r.Op, r.Name, r.Op, r.Op)
 	}
@@ -129,13 +130,9 @@ func matchBNAct(st *State) error {
 			}
 		} else {
 			s.act = act
-			switch act.Op {
-			case graph.OpReLU:
-				s.srcAct = graph.ActReLU
-			case graph.OpLeakyReLU:
-				s.srcAct, s.srcParam = graph.ActLeakyReLU, act.Attr.ActParam
-			case graph.OpELU:
-				s.srcAct, s.srcParam = graph.ActELU, act.Attr.ActParam
+			s.srcAct = abnAct(act.Op)
+			if s.srcAct != graph.ActReLU {
+				s.srcParam = act.Attr.ActParam
 			}
 			if s.srcAct != graph.ActReLU && s.srcParam == 0 {
 				// max(0, x), in value and in gradient (PyTorch's
@@ -198,7 +195,15 @@ func checkBNParams(st *State, n *graph.Node) error {
 // negativeParam reports a LeakyReLU or ELU whose parameter is negative (or
 // NaN): one that neither InPlace-ABN nor ABN can take.
 func negativeParam(r *graph.Node) bool {
-	return (r.Op == graph.OpLeakyReLU || r.Op == graph.OpELU) && !(r.Attr.ActParam >= 0)
+	a := abnAct(r.Op)
+	return (a == graph.ActLeakyReLU || a == graph.ActELU) && !(r.Attr.ActParam >= 0)
+}
+
+// abnAct is the ABN-family activation op fuses as (graph.OpInfo.ABNAct),
+// "" when none.
+func abnAct(op graph.Op) string {
+	info, _ := op.Info()
+	return info.ABNAct
 }
 
 // actParamName is what PyTorch calls a LeakyReLU's or an ELU's parameter.

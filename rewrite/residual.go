@@ -87,10 +87,7 @@ func keptByAnother(v *graph.Value, except *graph.Node) bool {
 		if c == except {
 			continue
 		}
-		switch c.Op {
-		case graph.OpConv, graph.OpLinear, graph.OpMaxPool, graph.OpAvgPool, graph.OpAdaptiveAvgPool,
-			graph.OpBatchNorm, graph.OpABN, graph.OpMul, graph.OpDiv,
-			graph.OpHardtanh, graph.OpSiLU, graph.OpHardsigmoid, graph.OpHardswish, graph.OpGELU:
+		if info, _ := c.Op.Info(); info.Saves.KeepsInput() {
 			return true
 		}
 	}

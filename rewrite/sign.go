@@ -25,12 +25,13 @@ func channels(v *graph.Value) int {
 			return v.Channels
 		}
 		p := v.Producer
-		switch p.Op {
-		case graph.OpConv, graph.OpLinear:
+		info, _ := p.Op.Info()
+		switch info.Channels {
+		case graph.ChannelsOut:
 			return p.Attr.OutChannels
-		case graph.OpBatchNorm, graph.OpABN, graph.OpInPlaceABN, graph.OpInPlaceABNSync:
+		case graph.ChannelsFeatures:
 			return p.Attr.Features
-		case graph.OpConcat:
+		case graph.ChannelsSum:
 			sum := 0
 			for _, in := range p.Inputs {
 				c := channels(in)
@@ -40,17 +41,20 @@ func channels(v *graph.Value) int {
 				sum += c
 			}
 			return sum
-		case graph.OpReLU, graph.OpLeakyReLU, graph.OpELU, graph.OpMaxPool, graph.OpAvgPool,
-			graph.OpAdaptiveAvgPool, graph.OpDropout, graph.OpStochasticDepth, graph.OpAdd:
-			v = p.Inputs[0]
-		case graph.OpHardtanh, graph.OpSigmoid, graph.OpSiLU, graph.OpHardsigmoid, graph.OpHardswish, graph.OpGELU:
-			// Elementwise: the channels of their input.
+		case graph.ChannelsOfInput:
 			v = p.Inputs[0]
 		default:
 			return 0
 		}
 	}
 	return 0
+}
+
+// signThrough says whether a sign fold may pass through op (the table's
+// SignThrough: the average pools).
+func signThrough(op graph.Op) bool {
+	info, _ := op.Info()
+	return info.SignThrough
 }
 
 // traceSource follows channel c of v back to the linear producer that
@@ -77,7 +81,7 @@ func traceSource(v *graph.Value, c int) (*graph.Node, int, string) {
 			if !found {
 				return nil, 0, fmt.Sprintf("channel %d is beyond the %d channels of %s", c, off, p.Name)
 			}
-		case p.Op == graph.OpAvgPool || p.Op == graph.OpAdaptiveAvgPool:
+		case signThrough(p.Op):
 			v = p.Inputs[0]
 		case p.Op == graph.OpMaxPool:
 			return nil, 0, fmt.Sprintf("it comes from MaxPool2d %s, which is not sign-symmetric", p.Name)
@@ -202,7 +206,7 @@ func (r *reaches) walk(v *graph.Value) *reach {
 				}
 				off += k
 			}
-		case n.Op == graph.OpAvgPool || n.Op == graph.OpAdaptiveAvgPool:
+		case signThrough(n.Op):
 			if !follow(n.Out, 0) {
 				return info
 			}

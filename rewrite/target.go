@@ -43,19 +43,6 @@ func chooseOp(st *State) error {
 	return nil
 }
 
-// producers whose output may be overwritten: none of them keeps its own
-// output for its backward pass (convolution and linear keep their input,
-// max-pool its indices, the activations InPlace-ABN cannot invert and the
-// binary ops their inputs, the others nothing), and each returns a fresh
-// tensor rather than a view of another. Sigmoid is not among them: it
-// keeps its output.
-var overwritable = map[graph.Op]bool{
-	graph.OpConv: true, graph.OpLinear: true, graph.OpConcat: true, graph.OpAdd: true,
-	graph.OpMaxPool: true, graph.OpAvgPool: true, graph.OpAdaptiveAvgPool: true,
-	graph.OpHardtanh: true, graph.OpSiLU: true, graph.OpHardsigmoid: true, graph.OpHardswish: true,
-	graph.OpGELU: true, graph.OpMul: true, graph.OpSub: true, graph.OpDiv: true,
-}
-
 // inPlaceBlocker is the in-place precondition: InPlace-ABN overwrites its
 // input, so nobody else may read that value, now or in the backward pass.
 // It returns "" when the site may run in place.
@@ -77,7 +64,7 @@ func inPlaceBlocker(g *graph.Graph, bn *graph.Node) string {
 		}
 		return fmt.Sprintf("its input %s is also read by %s", in.Name, nodeNames(others))
 	}
-	if !overwritable[p.Op] {
+	if info, _ := p.Op.Info(); !info.Overwritable {
 		return fmt.Sprintf("its input comes from %s %s, whose output may not be overwritten (it is kept for backward or is a view)", p.Op, p.Name)
 	}
 	return ""
