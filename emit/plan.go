@@ -2,7 +2,6 @@ package emit
 
 import (
 	"fmt"
-	"math"
 	"sort"
 	"strings"
 	"unicode/utf8"
@@ -356,17 +355,12 @@ func checkActivation(n *graph.Node) error {
 
 func checkParamless(n *graph.Node) error {
 	a := n.Attr
+	info, _ := n.Op.Info()
 	switch n.Op {
-	case graph.OpReLU, graph.OpLeakyReLU, graph.OpELU, graph.OpAdd, graph.OpConcat, graph.OpFlatten,
-		graph.OpSigmoid, graph.OpSiLU, graph.OpHardswish, graph.OpGELU, graph.OpMul, graph.OpSub, graph.OpDiv:
-	case graph.OpHardtanh:
-		if !(a.ActParam <= a.ActParam2) {
-			return fmt.Errorf("bounds [%g, %g] are empty", a.ActParam, a.ActParam2)
-		}
-	case graph.OpHardsigmoid:
-		if math.IsNaN(a.ActParam) || math.IsNaN(a.ActParam2) || math.IsInf(a.ActParam, 0) || math.IsInf(a.ActParam2, 0) {
-			return fmt.Errorf("alpha %g, beta %g: not finite", a.ActParam, a.ActParam2)
-		}
+	case graph.OpLeakyReLU, graph.OpELU, graph.OpAdd, graph.OpConcat, graph.OpFlatten:
+	case graph.OpHardtanh, graph.OpHardsigmoid:
+		// The runtime refuses the same attributes with the same words.
+		return info.Check(a)
 	case graph.OpMaxPool, graph.OpAvgPool:
 		if a.KernelSize[0] <= 0 || a.KernelSize[1] <= 0 || a.Padding[0] < 0 || a.Padding[1] < 0 ||
 			a.Stride[0] < 0 || a.Stride[1] < 0 || a.Dilation[0] < 0 || a.Dilation[1] < 0 {
@@ -394,10 +388,14 @@ func checkParamless(n *graph.Node) error {
 			return fmt.Errorf("nearest resizing has no align_corners")
 		}
 	default:
-		if isLayout(n.Op) {
+		switch {
+		case info.Python != "":
+			// Written from the table's expression: no attributes.
+		case isLayout(n.Op):
 			return checkLayout(n)
+		default:
+			return failure.Unsupportedf("op %s not supported by the Python emitter", n.Op)
 		}
-		return failure.Unsupportedf("op %s not supported by the Python emitter", n.Op)
 	}
 	return nil
 }
@@ -542,18 +540,21 @@ func (p *program) values() []*graph.Value {
 
 // private reports whether an in-place operation may overwrite v: v must be
 // read by one node only, and its producer must not need it in its own
-// backward pass or share its storage with another value. torch.relu keeps its
-// result for backward, and so do the in-place layers and ABN's in-place
-// activation; flatten and dropout (in eval) may return a view of their input.
+// backward pass or share its storage with another value (the op table's
+// saves rule and View): torch.relu and torch.sigmoid keep their result for
+// backward, and so do the in-place layers and ABN's in-place activation;
+// flatten, reshape, slice and dropout (in eval) may return a view of their
+// input.
 func private(v *graph.Value, g *graph.Graph) bool {
 	if v == g.Input || len(v.Consumers) != 1 {
 		return false
 	}
 	n := v.Producer
-	switch n.Op {
-	case graph.OpReLU, graph.OpInPlaceABN, graph.OpInPlaceABNSync, graph.OpFlatten, graph.OpDropout, graph.OpReshape, graph.OpSlice:
+	info, _ := n.Op.Info()
+	switch {
+	case info.View, info.Saves == graph.SaveOutput, info.Saves == graph.SaveInPlaceABN:
 		return false
-	case graph.OpABN:
+	case info.Saves == graph.SaveABN:
 		return n.Attr.Activation == graph.ActIdentity
 	}
 	return true

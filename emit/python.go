@@ -370,8 +370,6 @@ func (p *program) nodeLine(n *graph.Node) (string, error) {
 			expr = fmt.Sprintf("_inplace_abn_add(%s, %s, %s)", mod, arg, p.vars[r])
 			note += ", plus the residual " + p.vars[r] + " (only the sum is kept)"
 		}
-	case graph.OpReLU:
-		expr = fmt.Sprintf("torch.relu(%s)", in(0))
 	case graph.OpLeakyReLU:
 		expr = fmt.Sprintf("F.leaky_relu(%s, %s)", in(0), pyFloat(a.ActParam))
 	case graph.OpELU:
@@ -382,10 +380,6 @@ func (p *program) nodeLine(n *graph.Node) (string, error) {
 		} else {
 			expr = fmt.Sprintf("F.hardtanh(%s, %s, %s)", in(0), pyFloat(a.ActParam), pyFloat(a.ActParam2))
 		}
-	case graph.OpSigmoid:
-		expr = fmt.Sprintf("torch.sigmoid(%s)", in(0))
-	case graph.OpSiLU:
-		expr = fmt.Sprintf("F.silu(%s)", in(0))
 	case graph.OpHardsigmoid:
 		if a.ActParam == 1.0/6 && a.ActParam2 == 0.5 {
 			expr = fmt.Sprintf("F.hardsigmoid(%s)", in(0))
@@ -393,16 +387,6 @@ func (p *program) nodeLine(n *graph.Node) (string, error) {
 			// ONNX's HardSigmoid with other alpha and beta.
 			expr = fmt.Sprintf("torch.clamp(%s * %s + %s, 0.0, 1.0)", in(0), pyFloat(a.ActParam), pyFloat(a.ActParam2))
 		}
-	case graph.OpHardswish:
-		expr = fmt.Sprintf("F.hardswish(%s)", in(0))
-	case graph.OpGELU:
-		expr = fmt.Sprintf("F.gelu(%s)", in(0))
-	case graph.OpMul:
-		expr = fmt.Sprintf("%s * %s", in(0), in(1))
-	case graph.OpSub:
-		expr = fmt.Sprintf("%s - %s", in(0), in(1))
-	case graph.OpDiv:
-		expr = fmt.Sprintf("%s / %s", in(0), in(1))
 	case graph.OpAdd:
 		expr = strings.Join(p.operands(n), " + ")
 	case graph.OpConcat:
@@ -446,6 +430,16 @@ func (p *program) nodeLine(n *graph.Node) (string, error) {
 			expr = fmt.Sprintf("F.interpolate(%s, scale_factor=%s, mode=%s%s)", in(0), pyScale(a.Scale), pyStr(a.Mode), align)
 		}
 	default:
+		if info, _ := n.Op.Info(); info.Python != "" {
+			// The table's expression (graph.OpInfo.Python) of the
+			// inputs in order: the ops without attributes.
+			ins := make([]any, len(n.Inputs))
+			for k := range ins {
+				ins[k] = in(k)
+			}
+			expr = fmt.Sprintf(info.Python, ins...)
+			break
+		}
 		var ok bool
 		if expr, ok = p.layoutExpr(n); !ok {
 			return "", failure.Unsupportedf("node %q: op %q not supported by the Python emitter", n.Name, n.Op)
