@@ -359,13 +359,8 @@ func (w *writer) rank(v *graph.Value) int {
 			return len(t.Shape.Dim)
 		}
 		p := v.Producer
-		switch p.Op {
-		case graph.OpInput:
-			return 4
-		case graph.OpFlatten, graph.OpLinear:
-			return 2
-		case graph.OpConv, graph.OpMaxPool, graph.OpAvgPool, graph.OpAdaptiveAvgPool:
-			return 4
+		if info, _ := p.Op.Info(); info.Shape.Rank() != 0 {
+			return info.Shape.Rank()
 		}
 		if len(p.Inputs) == 0 {
 			return 4

@@ -79,33 +79,33 @@ func (b *builder) modelled(info *nodeInfo) (graph.Op, graph.Attr, string) {
 		}
 		return op, attr, ""
 	}
-	switch n.GetOpType() {
-	case "Relu":
-		return unary(graph.OpReLU, graph.Attr{})
-	case "LeakyRelu":
-		return unary(graph.OpLeakyReLU, graph.Attr{ActParam: decimal32(a.float("alpha", 0.01))}, "alpha")
-	case "Elu":
-		return unary(graph.OpELU, graph.Attr{ActParam: decimal32(a.float("alpha", 1))}, "alpha")
-	case "GlobalAveragePool":
-		return unary(graph.OpAdaptiveAvgPool, graph.Attr{OutputSize: [2]int{1, 1}})
-	case "Sigmoid":
-		return unary(graph.OpSigmoid, graph.Attr{})
-	case "HardSigmoid":
-		return unary(graph.OpHardsigmoid, graph.Attr{ActParam: hardSigmoidAlpha(a.float("alpha", 0.2)), ActParam2: decimal32(a.float("beta", 0.5))}, "alpha", "beta")
-	case "HardSwish":
-		return unary(graph.OpHardswish, graph.Attr{})
-	case "Clip":
-		return b.clip(info, a, data)
-	case "ReduceMean":
-		return b.reduceMean(info, a, data)
-	case "Mul", "Sub", "Div":
+	if op, ok := graph.ONNXOp(n.GetOpType()); ok {
+		// The op table's attribute-free ops: one input, or two computed
+		// operands of a broadcasting binary op.
+		if !op.IsBinary() {
+			return unary(op, graph.Attr{})
+		}
 		if !a.only() || len(n.Input) != 2 || !b.unusedFrom(n, 1) {
 			return "", graph.Attr{}, "not a two-input " + n.GetOpType()
 		}
 		if why := data(0, 1); why != "" {
 			return "", graph.Attr{}, "an operand is a constant"
 		}
-		return map[string]graph.Op{"Mul": graph.OpMul, "Sub": graph.OpSub, "Div": graph.OpDiv}[n.GetOpType()], graph.Attr{}, ""
+		return op, graph.Attr{}, ""
+	}
+	switch n.GetOpType() {
+	case "LeakyRelu":
+		return unary(graph.OpLeakyReLU, graph.Attr{ActParam: decimal32(a.float("alpha", 0.01))}, "alpha")
+	case "Elu":
+		return unary(graph.OpELU, graph.Attr{ActParam: decimal32(a.float("alpha", 1))}, "alpha")
+	case "GlobalAveragePool":
+		return unary(graph.OpAdaptiveAvgPool, graph.Attr{OutputSize: [2]int{1, 1}})
+	case "HardSigmoid":
+		return unary(graph.OpHardsigmoid, graph.Attr{ActParam: hardSigmoidAlpha(a.float("alpha", 0.2)), ActParam2: decimal32(a.float("beta", 0.5))}, "alpha", "beta")
+	case "Clip":
+		return b.clip(info, a, data)
+	case "ReduceMean":
+		return b.reduceMean(info, a, data)
 	case "Flatten":
 		if a.int("axis", 1) != 1 {
 			return "", graph.Attr{}, "Flatten with axis other than 1 also collapses the batch dimension"

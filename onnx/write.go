@@ -361,8 +361,11 @@ func (w *writer) checkResiduals() error {
 	return nil
 }
 
+// isActivation says whether op fuses into a BatchNorm as the ABN family's
+// activation (the op table's ABNAct).
 func isActivation(op graph.Op) bool {
-	return op == graph.OpReLU || op == graph.OpLeakyReLU || op == graph.OpELU
+	info, _ := op.Info()
+	return info.ABNAct != ""
 }
 
 // names gives every live IR value its ONNX name in the output. A fused
