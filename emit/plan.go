@@ -52,24 +52,19 @@ type program struct {
 	groups    int // recompute groups
 }
 
-// Roles each parameter-owning op may carry; anything else would put a key in
-// the checkpoint that the module does not have.
-var allowedRoles = map[graph.Op][]string{
-	graph.OpConv:   {graph.RoleWeight, graph.RoleBias},
-	graph.OpLinear: {graph.RoleWeight, graph.RoleBias},
-	graph.OpBatchNorm: {graph.RoleWeight, graph.RoleBias, graph.RoleRunningMean,
-		graph.RoleRunningVar, graph.RoleNumBatches},
-}
-
+// rolesFor is the roles a parameter-owning op may carry (the op table's
+// Params); anything else would put a key in the checkpoint that the module
+// does not have.
 func rolesFor(op graph.Op) []string {
-	if op.IsBNFamily() {
-		return allowedRoles[graph.OpBatchNorm]
-	}
-	return allowedRoles[op]
+	info, _ := op.Info()
+	return info.Params.Roles()
 }
 
+// ownsModule says whether op is a module of the emitted network: one that
+// owns parameters.
 func ownsModule(op graph.Op) bool {
-	return op == graph.OpConv || op == graph.OpLinear || op.IsBNFamily()
+	info, _ := op.Info()
+	return info.Params != graph.ParamsNone
 }
 
 func isInPlace(op graph.Op) bool { return op == graph.OpInPlaceABN || op == graph.OpInPlaceABNSync }

@@ -180,6 +180,31 @@ const (
 	ChannelsSum
 )
 
+// ParamRule says which parameters (state-dict roles) an op owns.
+type ParamRule uint8
+
+const (
+	// ParamsNone: no parameters.
+	ParamsNone ParamRule = iota
+	// ParamsLayer: weight and bias (convolution, linear): a module of
+	// the emitted network.
+	ParamsLayer
+	// ParamsNorm: weight, bias, running_mean, running_var and
+	// num_batches_tracked (the BN family): a module too.
+	ParamsNorm
+)
+
+// Roles lists the roles the rule allows, a new slice each call.
+func (r ParamRule) Roles() []string {
+	switch r {
+	case ParamsLayer:
+		return []string{RoleWeight, RoleBias}
+	case ParamsNorm:
+		return []string{RoleWeight, RoleBias, RoleRunningMean, RoleRunningVar, RoleNumBatches}
+	}
+	return nil
+}
+
 // Variadic is OpInfo.MaxInputs for an op with no upper bound.
 const Variadic = -1
 
@@ -191,6 +216,9 @@ type OpInfo struct {
 	MinInputs, MaxInputs int
 	// Shape is the output shape rule.
 	Shape ShapeRule
+	// Params is which parameters the op owns: an op with any is a module
+	// in the emitted network.
+	Params ParamRule
 	// Check, when set, validates the attributes the shape rule does not
 	// (Hardtanh's bounds); the runtime and the Python emitter both call
 	// it, so the two refuse the same nodes with the same words.
@@ -234,13 +262,13 @@ type OpInfo struct {
 // copies of its rows.
 var opTable = [...]OpInfo{
 	{Op: OpInput, Shape: ShapeInput},
-	{Op: OpConv, MinInputs: 1, MaxInputs: 1, Shape: ShapeConv, Saves: SaveInput, Overwritable: true, Channels: ChannelsOut},
-	{Op: OpLinear, MinInputs: 1, MaxInputs: 1, Shape: ShapeLinear, Saves: SaveInput, Overwritable: true, Channels: ChannelsOut},
-	{Op: OpBatchNorm, MinInputs: 1, MaxInputs: 1, Shape: ShapeNorm, Saves: SaveNorm, Channels: ChannelsFeatures},
-	{Op: OpABN, MinInputs: 1, MaxInputs: 1, Shape: ShapeNorm, Saves: SaveABN, Channels: ChannelsFeatures},
+	{Op: OpConv, MinInputs: 1, MaxInputs: 1, Shape: ShapeConv, Params: ParamsLayer, Saves: SaveInput, Overwritable: true, Channels: ChannelsOut},
+	{Op: OpLinear, MinInputs: 1, MaxInputs: 1, Shape: ShapeLinear, Params: ParamsLayer, Saves: SaveInput, Overwritable: true, Channels: ChannelsOut},
+	{Op: OpBatchNorm, MinInputs: 1, MaxInputs: 1, Shape: ShapeNorm, Params: ParamsNorm, Saves: SaveNorm, Channels: ChannelsFeatures},
+	{Op: OpABN, MinInputs: 1, MaxInputs: 1, Shape: ShapeNorm, Params: ParamsNorm, Saves: SaveABN, Channels: ChannelsFeatures},
 	// The second input is the residual (see OpInPlaceABN).
-	{Op: OpInPlaceABN, MinInputs: 1, MaxInputs: 2, Shape: ShapeNorm, Saves: SaveInPlaceABN, InPlace: InPlaceAlways, Channels: ChannelsFeatures},
-	{Op: OpInPlaceABNSync, MinInputs: 1, MaxInputs: 1, Shape: ShapeNorm, Saves: SaveInPlaceABN, InPlace: InPlaceAlways, Channels: ChannelsFeatures},
+	{Op: OpInPlaceABN, MinInputs: 1, MaxInputs: 2, Shape: ShapeNorm, Params: ParamsNorm, Saves: SaveInPlaceABN, InPlace: InPlaceAlways, Channels: ChannelsFeatures},
+	{Op: OpInPlaceABNSync, MinInputs: 1, MaxInputs: 1, Shape: ShapeNorm, Params: ParamsNorm, Saves: SaveInPlaceABN, InPlace: InPlaceAlways, Channels: ChannelsFeatures},
 
 	{Op: OpReLU, MinInputs: 1, MaxInputs: 1, Shape: ShapeSame, Saves: SaveOutput, Activation: true, ABNAct: ActReLU, InPlace: InPlaceAlways, Channels: ChannelsOfInput,
 		Python: "torch.relu(%s)", ONNX: "Relu"},

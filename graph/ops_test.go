@@ -94,6 +94,9 @@ func TestOpTable(t *testing.T) {
 		if r.InPlace != InPlaceNever && r.Saves != SaveOutput && r.Saves != SaveInputOrOutput && r.Saves != SaveInPlaceABN {
 			t.Errorf("row %s: runs in place, so its backward can only have its output (saves rule %d)", r.Op, r.Saves)
 		}
+		if (r.Shape == ShapeNorm) != (r.Params == ParamsNorm) {
+			t.Errorf("row %s: the BN family, and only it, owns normalisation parameters", r.Op)
+		}
 		if r.SignThrough && r.Channels != ChannelsOfInput {
 			t.Errorf("row %s: a sign passes through it, so its channels must be its input's", r.Op)
 		}
