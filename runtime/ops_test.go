@@ -26,6 +26,10 @@ type opCase struct {
 	// SavedElems is what PyTorch's saved-tensor hooks saw the case keep
 	// for backward, in elements (newer cases only).
 	SavedElems *int64 `json:"saved_elems"`
+	// SavedBytes is the same in bytes as the float32 runtime holds them
+	// (integer tensors, max-pool's indices, at their own size), where the
+	// case has it.
+	SavedBytes *int64 `json:"saved_bytes"`
 }
 
 type opGolden struct {
@@ -111,7 +115,12 @@ func TestOpsAgainstTorch(t *testing.T) {
 			g, w := buildCase(c)
 			cpuMem := runCase(t, c, g, w, NewCPU(2), gold.Seed)
 			shapeMem := runCase(t, c, g, w, NewShapes(), gold.Seed)
-			if c.SavedElems != nil && shapeMem.SavedBytes != 4**c.SavedElems {
+			switch {
+			case c.SavedBytes != nil:
+				if shapeMem.SavedBytes != *c.SavedBytes {
+					t.Errorf("saved for backward: %d bytes, PyTorch keeps %d", shapeMem.SavedBytes, *c.SavedBytes)
+				}
+			case c.SavedElems != nil && shapeMem.SavedBytes != 4**c.SavedElems:
 				t.Errorf("saved for backward: %d bytes, PyTorch keeps %d elements (%d bytes)", shapeMem.SavedBytes, *c.SavedElems, 4**c.SavedElems)
 			}
 			cpuMem.Backend, shapeMem.Backend = "", ""

@@ -52,3 +52,40 @@ func TestOpTableShapes(t *testing.T) {
 		}
 	}
 }
+
+// TestOpTableSaves checks that every row's saved-for-backward rule has been
+// measured against PyTorch's saved-tensor hooks: a case of ops.json.gz with
+// the figure (TestOpsAgainstTorch compares it with the runtime's), any case
+// of layout_ops.json.gz (all carry it), or a test of its own named here.
+func TestOpTableSaves(t *testing.T) {
+	var ops struct {
+		Cases []opCase `json:"cases"`
+	}
+	var layout struct {
+		Cases []layoutCase `json:"cases"`
+	}
+	readGolden(t, "ops.json.gz", &ops)
+	readGolden(t, "layout_ops.json.gz", &layout)
+	measured := map[graph.Op]string{
+		graph.OpInput: "the input is the caller's",
+		// ops.py's reference for the BN family is batch_norm and an
+		// activation, which keep other tensors than the library's layers.
+		graph.OpABN:             "TestSavedBytes",
+		graph.OpInPlaceABN:      "TestSavedBytes",
+		graph.OpInPlaceABNSync:  "InPlaceABN's rule (TestSavedBytes)",
+		graph.OpStochasticDepth: "TestStochasticDepthSaved",
+	}
+	for _, c := range ops.Cases {
+		if c.SavedElems != nil || c.SavedBytes != nil {
+			measured[graph.Op(c.Op)] = c.Name
+		}
+	}
+	for _, c := range layout.Cases {
+		measured[graph.Op(c.Op)] = c.Name
+	}
+	for _, r := range graph.Ops() {
+		if measured[r.Op] == "" {
+			t.Errorf("op %s: its saves rule (%d) has no case measured by PyTorch's saved-tensor hooks (fixtures/ops.py saved())", r.Op, r.Saves)
+		}
+	}
+}
