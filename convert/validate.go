@@ -22,9 +22,7 @@ func validateBN(g *graph.Graph, w graph.Weights) error {
 	app, _ := w.(valueAppender)
 	var buf []float64
 	for _, n := range g.Nodes {
-		switch n.Op {
-		case graph.OpBatchNorm, graph.OpABN, graph.OpInPlaceABN, graph.OpInPlaceABNSync:
-		default:
+		if !n.Op.IsBNFamily() {
 			continue
 		}
 		for _, role := range []string{graph.RoleWeight, graph.RoleBias, graph.RoleRunningMean, graph.RoleRunningVar} {
