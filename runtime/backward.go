@@ -268,7 +268,7 @@ func finishAll(ts ...target) error {
 
 // backward runs node i's backward.
 func (e *Executor) backward(r *run, i int, nd *graph.Node) error {
-	p, b := r.p, e.b
+	p := r.p
 	dy := r.grads[i]
 	if gr := p.group[i]; gr != nil {
 		if i == gr.conv {
@@ -284,104 +284,8 @@ func (e *Executor) backward(r *run, i int, nd *graph.Node) error {
 	if err != nil {
 		return err
 	}
-	if info, _ := nd.Op.Info(); info.Activation {
-		// From the output where the op keeps it (ReLU, Sigmoid) or ran in
-		// place, else from the input.
-		act := actOf(nd)
-		fromOut := r.at(i).inPlace || info.Saves == graph.SaveOutput
-		saved := e.in(r, nd, 0)
-		if fromOut {
-			saved = r.vals[i]
-		}
-		tx, err := e.inputTarget(r, nd, 0, &dy)
-		if err != nil {
-			return err
-		}
-		if err := b.ActivationBackward(tx.dst, dy.t, saved, act, fromOut); err != nil {
-			return err
-		}
-		return tx.finish()
-	}
-	switch nd.Op {
-	case graph.OpConv, graph.OpLinear:
-		tx, tw, tb, err := e.layerTargets(r, nd, nil)
-		if err != nil {
-			return err
-		}
-		x := e.in(r, nd, 0)
-		w, err := e.weight(r, i, nd, false)
-		if err != nil {
-			return err
-		}
-		if nd.Op == graph.OpConv {
-			err = b.Conv2dBackward(tx.dst, tw.dst, tb.dst, dy.t, x, w, convParams(nd))
-		} else {
-			err = b.LinearBackward(tx.dst, tw.dst, tb.dst, dy.t, x, w)
-		}
-		if err != nil {
-			return err
-		}
-		return finishAll(tx, tw, tb)
-	case graph.OpBatchNorm, graph.OpABN, graph.OpInPlaceABN, graph.OpInPlaceABNSync:
-		return e.normBackward(r, i, nd, &dy, e.in(r, nd, 0), r.vals[i])
-	case graph.OpAdd, graph.OpMul, graph.OpSub, graph.OpDiv:
-		if op, ok := binaryOf(nd, p, e.index); ok {
-			return e.binaryBackward(r, nd, dy.t, op)
-		}
-		for k := range nd.Inputs {
-			var reuse *gref
-			if k == len(nd.Inputs)-1 {
-				reuse = &dy
-			}
-			t, err := e.inputTarget(r, nd, k, reuse)
-			if err != nil {
-				return err
-			}
-			if !t.shared {
-				if err := b.Copy(t.dst, dy.t); err != nil {
-					return err
-				}
-			}
-			if err := t.finish(); err != nil {
-				return err
-			}
-		}
-		return nil
-	case graph.OpConcat:
-		return e.concatBackward(r, nd, dy.t)
-	case graph.OpMaxPool, graph.OpAvgPool, graph.OpAdaptiveAvgPool:
-		tx, err := e.inputTarget(r, nd, 0, nil)
-		if err != nil {
-			return err
-		}
-		switch nd.Op {
-		case graph.OpMaxPool:
-			err = b.MaxPoolBackward(tx.dst, dy.t, e.aux(r, i, 0))
-		case graph.OpAvgPool:
-			err = b.AvgPoolBackward(tx.dst, dy.t, poolParams(nd))
-		default:
-			err = b.AdaptiveAvgPoolBackward(tx.dst, dy.t)
-		}
-		if err != nil {
-			return err
-		}
-		return tx.finish()
-	case graph.OpStochasticDepth:
-		return e.stochasticDepthBackward(r, i, nd, p, dy)
-	case graph.OpFlatten, graph.OpReshape, graph.OpDropout:
-		tx, err := e.inputTarget(r, nd, 0, &dy)
-		if err != nil {
-			return err
-		}
-		if nd.Op == graph.OpDropout && p.training {
-			err = b.Mul(tx.dst, dy.t, e.aux(r, i, 0))
-		} else if !tx.shared {
-			err = b.Copy(tx.dst, dy.t)
-		}
-		if err != nil {
-			return err
-		}
-		return tx.finish()
+	if k, ok := kernels[nd.Op]; ok && k.backward != nil {
+		return k.backward(e, r, i, nd, &dy)
 	}
 	// inferShapes accepted the op, so this is a bug, not the network's.
 	return failure.Internalf("op %s planned but not differentiated by the backward pass", nd.Op)

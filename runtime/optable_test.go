@@ -8,7 +8,7 @@ import (
 )
 
 // TestOpTableKernels checks that the runtime can run every op of graph's
-// table: each row has a case against PyTorch autograd (forward, backward
+// table: each row has kernels (and an activation its Act kind), and a case against PyTorch autograd (forward, backward
 // and the saved-tensor bytes) in ops.json.gz or layout_ops.json.gz, or a
 // test of its own named here, so that an op added to the table without
 // kernels, or without a golden case, fails here.
@@ -28,6 +28,24 @@ func TestOpTableKernels(t *testing.T) {
 	for _, r := range graph.Ops() {
 		if covered[r.Op] == "" {
 			t.Errorf("op %s has a row in graph's table but no case against PyTorch autograd (add one to fixtures/ops.py)", r.Op)
+		}
+		k, ok := kernels[r.Op]
+		switch {
+		case !ok || k.forward == nil:
+			t.Errorf("op %s has a row in graph's table but no forward kernel (runtime/kernels.go)", r.Op)
+		case k.backward == nil && r.Op != graph.OpInput:
+			t.Errorf("op %s has no backward kernel (runtime/kernels.go)", r.Op)
+		}
+		// An activation without its Act kind would run as the identity.
+		if r.Activation {
+			if act := actOf(&graph.Node{Op: r.Op}); act.Kind == ActIdentity {
+				t.Errorf("activation %s has no Act kind in actOf: it would run as the identity", r.Op)
+			}
+		}
+	}
+	for op := range kernels {
+		if _, ok := op.Info(); !ok {
+			t.Errorf("kernels for %s, which has no row in graph's table", op)
 		}
 	}
 }

@@ -600,75 +600,15 @@ func normParams(nd *graph.Node) NormParams {
 	return NormParams{Eps: nd.Attr.Eps, AbsWeight: nd.Op == graph.OpInPlaceABN || nd.Op == graph.OpInPlaceABNSync, Act: actOf(nd)}
 }
 
-// forward runs node i; recompute says it is the rerun of a checkpointed
-// node, which must not update running statistics again.
+// forward runs node i through its op's kernel; recompute says it is the
+// rerun of a checkpointed node, which must not update running statistics
+// again.
 func (e *Executor) forward(r *run, i int, nd *graph.Node, x *HostTensor, recompute bool) error {
-	b := e.b
-	y := r.vals[i]
 	if isLayoutOp(nd, r.inShapes(e, nd)) {
 		return e.layoutForward(r, i, nd)
 	}
-	if nd.Op.IsActivation() {
-		// The table's activations, one kernel with actOf's parameters.
-		return b.Activation(y, e.in(r, nd, 0), actOf(nd))
-	}
-	switch nd.Op {
-	case graph.OpInput:
-		if b.Executes() {
-			return b.Upload(y, x.Data)
-		}
-		return nil
-	case graph.OpConv, graph.OpLinear:
-		w, err := e.weight(r, i, nd, true)
-		if err != nil {
-			return err
-		}
-		if nd.Op == graph.OpConv {
-			return b.Conv2d(y, e.in(r, nd, 0), w, e.param(nd, graph.RoleBias), convParams(nd))
-		}
-		return b.Linear(y, e.in(r, nd, 0), w, e.param(nd, graph.RoleBias))
-	case graph.OpBatchNorm, graph.OpABN, graph.OpInPlaceABN, graph.OpInPlaceABNSync:
-		if err := e.normalize(r, i, nd, y, e.in(r, nd, 0), !recompute); err != nil {
-			return err
-		}
-		if nd.Residual() != nil {
-			return b.Sum(y, y, e.in(r, nd, 1))
-		}
-		return nil
-	case graph.OpAdd, graph.OpMul, graph.OpSub, graph.OpDiv:
-		if op, ok := binaryOf(nd, r.p, e.index); ok {
-			bb, err := e.broadcasting()
-			if err != nil {
-				return err
-			}
-			return bb.Binary(y, e.in(r, nd, 0), e.in(r, nd, 1), op)
-		}
-		return b.Sum(y, e.inputs(r, nd)...)
-	case graph.OpConcat:
-		return b.Concat(y, e.inputs(r, nd)...)
-	case graph.OpMaxPool:
-		var idx Tensor
-		if r.p.save {
-			idx = e.aux(r, i, 0)
-		}
-		return b.MaxPool(y, idx, e.in(r, nd, 0), poolParams(nd))
-	case graph.OpAvgPool:
-		return b.AvgPool(y, e.in(r, nd, 0), poolParams(nd))
-	case graph.OpAdaptiveAvgPool:
-		return b.AdaptiveAvgPool(y, e.in(r, nd, 0))
-	case graph.OpFlatten, graph.OpReshape:
-		return nil
-	case graph.OpStochasticDepth:
-		return e.stochasticDepth(r, i, nd, y)
-	case graph.OpDropout:
-		if !r.p.training {
-			return nil
-		}
-		mask := e.aux(r, i, 0)
-		if err := b.DropoutMask(mask, nd.Attr.P, DropoutSeed(e.opt.Seed, nd.Name, r.step)); err != nil {
-			return err
-		}
-		return b.Mul(y, e.in(r, nd, 0), mask)
+	if k, ok := kernels[nd.Op]; ok && k.forward != nil {
+		return k.forward(e, r, i, nd, x, recompute)
 	}
 	// inferShapes accepted the op, so this is a bug, not the network's.
 	return failure.Internalf("op %s planned but not executed by the forward pass", nd.Op)
