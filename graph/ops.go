@@ -28,15 +28,21 @@ import (
 //     A rule that does not exist yet is a new constant here and a case in
 //     each consumer's switch over rules: the consumers' tests fail until
 //     every one has it.
-//  3. Give it kernels in package runtime (forward and backward; an
-//     elementwise activation needs its Act kind in runtime's actOf and
-//     the CPU kernels of cpu_act.go), checked against PyTorch autograd in
-//     runtime/testdata/ops.json.gz.
-//  4. Give it an emission: a Python format here or a case in
-//     emit/python.go, and a reader in onnx/mapping.go or arch/module.go.
+//  3. Give it kernels in package runtime: an entry in runtime/kernels.go
+//     (an elementwise activation takes the shared activation pair, its Act
+//     kind in runtime's actOf and the CPU kernels of cpu_act.go; the CUDA
+//     backend's in package cuda), and cases against PyTorch autograd,
+//     with the saved-tensor figure of PyTorch's hooks, in fixtures/ops.py
+//     (appended last, so that earlier cases keep their draws).
+//  4. Give it an emission, a Python format here or a case in
+//     emit/python.go, and its readers: an ONNX type here or a case in
+//     onnx/mapping.go, a torch.nn class in arch/module.go (and the class
+//     in pth/module.go's allowlist).
 //  5. Run the completeness checks: graph's TestOpTable (every Op constant
-//     has a row), and the consumers' TestOpTable* tests in runtime, emit
-//     and rewrite, which fail for a row that a consumer cannot handle.
+//     has a row, and the row agrees with itself), runtime's
+//     TestOpTableKernels, TestOpTableShapes and TestOpTableSaves, emit's
+//     TestOpTableEmission and onnx's TestOpTableONNX, which fail for a row
+//     a consumer cannot handle.
 
 // ShapeRule says how an op's output shape follows from its inputs. The
 // runtime computes it (runtime.outShape), with the op-specific arithmetic
