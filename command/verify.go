@@ -161,8 +161,15 @@ func writeVerify(w io.Writer, r *verify.Result) {
 		if d.Rounded > 0 {
 			rounded = fmt.Sprintf(", %d BN scales rounded by half-precision storage", d.Rounded)
 		}
-		fmt.Fprintf(w, "  drift from the original (%d sites approximated by the ReLU policy, %d tiny-gamma channels%s): max abs %.3g, rel %.2e, cosine %.6f, top-1 agreement %.0f%%\n",
-			d.Sites, d.TinyGamma, rounded, d.MaxAbs, d.Rel, d.Cosine, 100*d.Top1Agree)
+		agree := ""
+		switch {
+		case d.Top1Agree != nil:
+			agree = fmt.Sprintf(", top-1 agreement %.0f%%", 100**d.Top1Agree)
+		case d.PixelAgree != nil:
+			agree = fmt.Sprintf(", per-pixel agreement %.2f%% (argmax over channels)", 100**d.PixelAgree)
+		}
+		fmt.Fprintf(w, "  drift from the original (%d sites approximated by the ReLU policy, %d tiny-gamma channels%s): max abs %.3g, rel %.2e, cosine %.6f%s\n",
+			d.Sites, d.TinyGamma, rounded, d.MaxAbs, d.Rel, d.Cosine, agree)
 		if t := d.Train; t != nil {
 			stats := ""
 			if s := t.RunningStats; s != nil {

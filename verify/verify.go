@@ -108,7 +108,14 @@ type Drift struct {
 	MaxAbs      float64 `json:"max_abs"`
 	Rel         float64 `json:"rel"`
 	Cosine      float64 `json:"cosine"`
-	Top1Agree   float64 `json:"top1_agreement"`
+	// Top1Agree is the share of samples whose argmax over the classes
+	// agrees, for a 2-D (N, classes) output; PixelAgree the share of
+	// pixels whose argmax over the channel axis agrees, for a 4-D
+	// (N, C, H, W) output such as a segmentation map. Each is nil for
+	// outputs of another rank, where an argmax says nothing (a top-1 over
+	// the flattened map read 0% at cosine 1.000000).
+	Top1Agree   *float64 `json:"top1_agreement,omitempty"`
+	PixelAgree  *float64 `json:"pixel_agreement,omitempty"`
 	WithinLimit bool    `json:"within_limit"`
 	// Train is the drift of the training step (drift.go): a tiny gamma
 	// at scale eps moves it far more than it moves eval outputs.
@@ -716,27 +723,42 @@ func drift(got, want []float32, shape []int) Drift {
 	if ng > 0 && nw > 0 {
 		d.Cosine = dot / math.Sqrt(ng*nw)
 	}
-	if len(shape) == 2 && shape[0] > 0 {
-		n, k := shape[0], shape[1]
-		agree := 0
-		for i := 0; i < n; i++ {
-			if argmax(got[i*k:(i+1)*k]) == argmax(want[i*k:(i+1)*k]) {
-				agree++
-			}
-		}
-		d.Top1Agree = float64(agree) / float64(n)
+	switch {
+	case len(shape) == 2 && shape[0] > 0:
+		a := argmaxAgreement(got, want, shape[0], shape[1], 1)
+		d.Top1Agree = &a
+	case len(shape) == 4 && shape[0] > 0 && shape[2]*shape[3] > 0:
+		a := argmaxAgreement(got, want, shape[0], shape[1], shape[2]*shape[3])
+		d.PixelAgree = &a
 	}
 	return d
 }
 
-func argmax(v []float32) int {
-	best := 0
-	for i := range v {
-		if v[i] > v[best] {
-			best = i
+// argmaxAgreement is the share of the n*inner positions of two (n, k,
+// inner) row-major tensors whose argmax over the k axis agrees.
+func argmaxAgreement(got, want []float32, n, k, inner int) float64 {
+	if n*inner == 0 || k == 0 {
+		return 0
+	}
+	agree := 0
+	for i := 0; i < n; i++ {
+		base := i * k * inner
+		for p := 0; p < inner; p++ {
+			bg, bw := 0, 0
+			for c := 1; c < k; c++ {
+				if got[base+c*inner+p] > got[base+bg*inner+p] {
+					bg = c
+				}
+				if want[base+c*inner+p] > want[base+bw*inner+p] {
+					bw = c
+				}
+			}
+			if bg == bw {
+				agree++
+			}
 		}
 	}
-	return best
+	return float64(agree) / float64(n*inner)
 }
 
 // input is the deterministic input: the .npy file, or N(0,1) values from
