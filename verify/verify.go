@@ -104,10 +104,10 @@ type Drift struct {
 	TinyGamma int `json:"tiny_gamma_channels"`
 	// Rounded counts the BN scales that half-precision storage moved
 	// (applyStorageRounding).
-	Rounded     int     `json:"rounded_gamma_channels,omitempty"`
-	MaxAbs      float64 `json:"max_abs"`
-	Rel         float64 `json:"rel"`
-	Cosine      float64 `json:"cosine"`
+	Rounded int     `json:"rounded_gamma_channels,omitempty"`
+	MaxAbs  float64 `json:"max_abs"`
+	Rel     float64 `json:"rel"`
+	Cosine  float64 `json:"cosine"`
 	// Top1Agree is the share of samples whose argmax over the classes
 	// agrees, for a 2-D (N, classes) output; PixelAgree the share of
 	// pixels whose argmax over the channel axis agrees, for a 4-D
@@ -116,7 +116,7 @@ type Drift struct {
 	// the flattened map read 0% at cosine 1.000000).
 	Top1Agree   *float64 `json:"top1_agreement,omitempty"`
 	PixelAgree  *float64 `json:"pixel_agreement,omitempty"`
-	WithinLimit bool    `json:"within_limit"`
+	WithinLimit bool     `json:"within_limit"`
 	// Train is the drift of the training step (drift.go): a tiny gamma
 	// at scale eps moves it far more than it moves eval outputs.
 	Train *TrainDrift `json:"train,omitempty"`
