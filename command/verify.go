@@ -108,6 +108,7 @@ func verifyAction(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	res.Verdict = verdictLine(res)
 	if c.Bool("json") {
 		enc := json.NewEncoder(c.App.Writer)
 		enc.SetIndent("", "  ")
@@ -179,9 +180,15 @@ func writeVerify(w io.Writer, r *verify.Result) {
 				t.Output.Rel, t.Output.L2, t.InputGradient.Rel, t.InputGradient.L2, stats)
 		}
 	}
+	fmt.Fprintln(w, r.Verdict)
+}
+
+// verdictLine is the verdict's line (verdict, probe.go), for the text and
+// the JSON alike.
+func verdictLine(r *verify.Result) string {
 	skipped := ""
 	if len(r.Skipped) > 0 {
 		skipped = fmt.Sprintf(" (%d check(s) skipped: they cannot tell a right result from a wrong one)", len(r.Skipped))
 	}
-	fmt.Fprintln(w, verdict(r, skipped))
+	return verdict(r, skipped)
 }
