@@ -30,6 +30,10 @@ func runONNX(opt Options, start time.Time) (*Result, error) {
 		return nil, err
 	}
 	m := md.ONNX
+	if err := m.NoBatchNorm(); err != nil {
+		// A copy with nothing changed would read as a conversion.
+		return nil, err
+	}
 	opt.progress("read %d nodes (opset %d)", len(m.Graph.Nodes), m.Opset)
 	prov, err := opt.structureSource(md)
 	if err != nil {
