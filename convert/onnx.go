@@ -49,6 +49,9 @@ func runONNX(opt Options, start time.Time) (*Result, error) {
 		Options: reportOptions(opt),
 		Report:  rep, Warnings: append([]string(nil), rep.Warnings...),
 	}
+	if w := m.FixedShapeWarning(); w != "" {
+		res.Warnings = append(res.Warnings, w)
+	}
 	if opaque := m.Opaque(); len(opaque) > 0 {
 		res.Notes = append(res.Notes, fmt.Sprintf("%d node(s) the IR does not model were carried through unchanged: %s", len(opaque), summarize(opaque, 6)))
 	}

@@ -52,6 +52,9 @@ func graphFromONNX(path string, w graph.Weights) (*graph.Graph, *arch.Match, err
 	if _, err := m.LowerLayout(); err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", path, err)
 	}
+	// An export without dynamic axes runs only at its own batch size: a
+	// warning with the recipe (the shapes lowering evaluated show it).
+	fixed := m.FixedShapeWarning()
 	g := m.Graph
 	stateKeys := w.Keys()
 	inState := map[string]bool{}
@@ -200,6 +203,9 @@ func graphFromONNX(path string, w graph.Weights) (*graph.Graph, *arch.Match, err
 		// be neither emitted as a module nor verified: say so, every op at
 		// once, rather than write a checkpoint nothing can check.
 		return nil, nil, failure.Unsupportedf("%s: the network uses ops abnconvert does not support yet, so no module could be emitted and no conversion verified: %s", path, strings.Join(opaque, "; "))
+	}
+	if fixed != "" {
+		match.Warnings = append(match.Warnings, fixed)
 	}
 	if m.ExportMode() == "eval" {
 		match.Warnings = append(match.Warnings, fmt.Sprintf("%s was exported in eval mode, which drops every Dropout and StochasticDepth layer: the emitted module trains without any the network had; to keep them, export with model.train() and training=torch.onnx.TrainingMode.PRESERVE (torch 1.x exports StochasticDepth's noise only with torch 2's bernoulli symbolic registered, see the README; or give the whole pickled module, torch.save(model))", path))
