@@ -2,6 +2,7 @@ package command
 
 import (
 	"encoding/json"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -116,5 +117,109 @@ func TestInspectSummaryAgreesWithTable(t *testing.T) {
 	}
 	if got[1] == 0 || got[3] == 0 {
 		t.Errorf("the fixture no longer folds and flips channels (folded %d, flipped %d): the test checks nothing", got[1], got[3])
+	}
+}
+
+// TestGraphMessages: a --graph conversion refused names the cause and the
+// next step, with the exit code of its class and nothing written, on the
+// committed exports of fixtures/messages.py (real torch 1.13): a tensor
+// the graph reads through ops the IR does not model is not "not in the
+// graph" (exit 4, the op and node); a module called twice and a
+// BatchNorm2d(affine=False) are named as such, not as parameters "not
+// named after a module (export with do_constant_folding=False)", which
+// the export did use, or as a broken name index; FrozenBatchNorm2d is
+// "frozen: nothing to convert", not an eval-mode export; a network
+// without BatchNorm is "nothing to convert" (exit 2). A state dict alone
+// that no family matches names the three ways to give its structure.
+func TestGraphMessages(t *testing.T) {
+	dir := filepath.Join("..", "fixtures", "testdata", "messages")
+	out := t.TempDir()
+	cases := []struct {
+		name string
+		code int
+		want []string
+	}{
+		{"shared_bn", 4, []string{"called more than once", "bn (BatchNorm2d again at node /bn_1/BatchNormalization", "give each call its own module"}},
+		{"shared_conv", 4, []string{"called more than once", "conv (nodes ", "give each call its own module"}},
+		{"no_affine", 4, []string{"BatchNorm2d(affine=False)", "bn (node /bn/BatchNormalization: weight and bias are the constants"}},
+		{"frozen", 2, []string{"nothing to convert: no BatchNorm", "FrozenBatchNorm2d (frozen: nothing to convert", ": bn, bn2."}},
+		{"frozen_mix", 4, []string{"2 FrozenBatchNorm2d layer(s) (frozen: nothing to convert): frozen.bn, frozen.bn2", "Sqrt x1"}},
+		{"gn_beside", 4, []string{"read by ops abnconvert does not model", "gn.weight is read by Mul (/gn/Mul)", "gn.bias is read by Add (/gn/Add)", "InstanceNormalization x1"}},
+		{"convnext_like", 2, []string{"nothing to convert: no BatchNorm", "not an eval-mode export"}},
+		{"gn_net", 2, []string{"nothing to convert: no BatchNorm", "InstanceNormalization x1, GroupNorm"}},
+		{"nf_like", 2, []string{"nothing to convert: no BatchNorm"}},
+		{"vit_like", 2, []string{"nothing to convert: no BatchNorm"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			o := filepath.Join(out, c.name+".pth")
+			code, _, stderr := run("convert", "-i", filepath.Join(dir, c.name+".pth"), "--graph", filepath.Join(dir, c.name+".onnx"),
+				"-o", o, "--emit-module", filepath.Join(out, c.name+".py"), "-q")
+			lines := strings.Split(strings.TrimSpace(stderr), "\n")
+			last := lines[len(lines)-1]
+			if code != c.code {
+				t.Errorf("exit %d, want %d: %s", code, c.code, last)
+			}
+			for _, w := range c.want {
+				if !strings.Contains(last, w) {
+					t.Errorf("the error does not say %q:\n%s", w, last)
+				}
+			}
+			for _, bad := range []string{"missing from the name index", "looks like an eval-mode export", "do_constant_folding=False so that", "are not in the graph"} {
+				if strings.Contains(last, bad) {
+					t.Errorf("the error still says %q:\n%s", bad, last)
+				}
+			}
+			if _, err := os.Stat(o); err == nil {
+				t.Errorf("%s written", o)
+			}
+		})
+	}
+	// An ONNX input without BatchNorm is not copied as if converted.
+	o := filepath.Join(out, "nf.onnx")
+	if code, _, stderr := run("convert", "-i", filepath.Join(dir, "nf_like.onnx"), "-o", o, "-q"); code != 2 || !strings.Contains(stderr, "nothing to convert") {
+		t.Errorf("ONNX input without BN: exit %d: %s", code, stderr)
+	}
+	code, _, stderr := run("convert", "-i", filepath.Join(dir, "shared_bn.pth"), "-o", filepath.Join(out, "sd.pth"), "-q")
+	for _, w := range []string{"unrecognised layout", "(1) --graph net.onnx", "dynamic_axes=", "(2) the whole pickled module", "torch.save(model)", "(3) python3 python/abnexport.py", "--probe net.probe.pth"} {
+		if code != 2 || !strings.Contains(stderr, w) {
+			t.Errorf("state dict of no family: exit %d, the error does not say %q: %s", code, w, stderr)
+		}
+	}
+}
+
+// TestFixedShapeWarning: an export made without dynamic axes, whose
+// reshapes torch wrote with the export's batch size, converts with a
+// warning naming the input's fixed shape, the reshapes and the
+// dynamic-axes recipe, in the text and in --json; the README's export
+// (dynamic axes) gets none.
+func TestFixedShapeWarning(t *testing.T) {
+	dir := filepath.Join("..", "fixtures", "testdata", "messages")
+	out := t.TempDir()
+	code, stdout, stderr := run("convert", "-i", filepath.Join(dir, "fixed.pth"), "--graph", filepath.Join(dir, "fixed.onnx"),
+		"-o", filepath.Join(out, "f.pth"), "--relu", "abn", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	var res struct {
+		Warnings []string `json:"warnings"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &res); err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, w := range res.Warnings {
+		if strings.Contains(w, "exported without dynamic axes: its input is fixed at [2, 3, 8, 8]") &&
+			strings.Contains(w, "to [2, 2, 4, 8, 8]") && strings.Contains(w, `dynamic_axes={"x": {0: "n", 2: "h", 3: "w"}}`) {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("no fixed-shape warning: %q", res.Warnings)
+	}
+	code, stdout, stderr = run("convert", "-i", filepath.Join(dir, "dropout2d.pth"), "--graph", filepath.Join(dir, "dropout2d.onnx"),
+		"-o", filepath.Join(out, "d.pth"), "--relu", "abn")
+	if code != 0 || strings.Contains(stdout+stderr, "without dynamic axes") {
+		t.Errorf("an export with dynamic axes: exit %d, %s", code, stdout+stderr)
 	}
 }
