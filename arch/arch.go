@@ -54,6 +54,9 @@ type Match struct {
 	// Warnings are what the structure source may have lost (an eval-mode
 	// export's Dropout), for the conversion's warnings.
 	Warnings []string
+	// FixedInput is the input shape an export without dynamic axes runs
+	// at, and nothing else (its shapes are constants); nil otherwise.
+	FixedInput []int
 }
 
 var (

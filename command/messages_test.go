@@ -217,6 +217,19 @@ func TestFixedShapeWarning(t *testing.T) {
 	if !found {
 		t.Errorf("no fixed-shape warning: %q", res.Warnings)
 	}
+	// verify runs such an export at its own shape: told so at another
+	// (not a reshape error deep in the runtime), at it when none is given.
+	orig, conv, graphFile := filepath.Join(dir, "fixed.pth"), filepath.Join(out, "f.pth"), filepath.Join(dir, "fixed.onnx")
+	code, _, stderr = run("verify", "--original", orig, "--converted", conv, "--graph", graphFile, "--size", "16", "-q")
+	if code != 2 || !strings.Contains(stderr, "exported without dynamic axes and runs only at its input shape [2 3 8 8], not [2 3 16 16]: verify with --batch 2 --size 8") {
+		t.Errorf("verify at another shape: exit %d: %s", code, stderr)
+	}
+	if code, stdout, stderr = run("verify", "--original", orig, "--converted", conv, "--graph", graphFile, "--batch", "2", "--size", "8", "-q"); code != 0 {
+		t.Errorf("verify at the export's shape: exit %d: %s%s", code, stdout, stderr)
+	}
+	if code, stdout, stderr = run("-i", orig, "--graph", graphFile, "-o", filepath.Join(out, "f2.pth"), "--relu", "abn", "--verify", "-q"); code != 0 {
+		t.Errorf("convert --verify: exit %d: %s%s", code, stdout, stderr)
+	}
 	code, stdout, stderr = run("convert", "-i", filepath.Join(dir, "dropout2d.pth"), "--graph", filepath.Join(dir, "dropout2d.onnx"),
 		"-o", filepath.Join(out, "d.pth"), "--relu", "abn")
 	if code != 0 || strings.Contains(stdout+stderr, "without dynamic axes") {

@@ -24,6 +24,7 @@ import (
 	"io"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"time"
 
@@ -44,6 +45,9 @@ type Options struct {
 	Sync  bool
 	// TinyGamma is the conversion's --tiny-gamma (exact or approx).
 	TinyGamma string
+
+	// shapeDefault: no input shape was given (Run).
+	shapeDefault bool
 
 	Seed      uint64
 	Batch     int
@@ -204,6 +208,9 @@ func (d *Drift) Declared() string {
 // a Result that fails); a Result with Preserved false means the outputs
 // differ; Exact false that they moved only as the conversion declared.
 func Run(opt Options) (*Result, error) {
+	// Neither --batch, --size nor --input-data: an export without dynamic
+	// axes is verified at its own input shape (convert --verify).
+	opt.shapeDefault = opt.Batch == 0 && opt.Size == 0 && opt.InputData == ""
 	res, err := runAny(opt)
 	if err != nil {
 		return nil, err
@@ -393,6 +400,17 @@ func runAny(opt Options) (*Result, error) {
 	x, err := input(opt)
 	if err != nil {
 		return nil, err
+	}
+	if f := match.FixedInput; opt.shapeDefault && len(f) == 4 && f[1] == 3 && f[2] == f[3] && !slices.Equal(f, x.Shape) {
+		opt.Batch, opt.Size = f[0], f[2]
+		if x, err = input(opt); err != nil {
+			return nil, err
+		}
+	}
+	if f := match.FixedInput; len(f) > 0 && !slices.Equal(f, x.Shape) {
+		// The export's shapes are constants: at another shape a reshape
+		// fails deep in the runtime, far from the cause.
+		return nil, fixedInputError(opt.Graph, f, x.Shape)
 	}
 	res := &Result{Original: opt.Original, Converted: opt.Converted, Arch: match.Arch, Device: opt.Device,
 		Input: x.Shape, Seed: opt.Seed, Strict: opt.Strict, FlagsFrom: from, Warnings: warnings}
@@ -867,3 +885,13 @@ func sortedKeys(m map[string][]float32) []string {
 }
 
 var errNoNode = errors.New("no such node")
+
+// fixedInputError refuses to verify an export without dynamic axes at
+// another input shape than its own, saying which flags run it.
+func fixedInputError(graphPath string, fixed, got []int) error {
+	how := "--input-data with an array of that shape"
+	if len(fixed) == 4 && fixed[2] == fixed[3] {
+		how = fmt.Sprintf("--batch %d --size %d", fixed[0], fixed[2])
+	}
+	return fmt.Errorf("%s was exported without dynamic axes and runs only at its input shape %v, not %v: verify with %s, or re-export with dynamic_axes (the README's recipe)", graphPath, fixed, got, how)
+}
