@@ -191,13 +191,14 @@ func TestGraphMessages(t *testing.T) {
 // TestFixedShapeWarning: an export made without dynamic axes, whose
 // reshapes torch wrote with the export's batch size, converts with a
 // warning naming the input's fixed shape, the reshapes and the
-// dynamic-axes recipe, in the text and in --json; the README's export
-// (dynamic axes) gets none.
+// dynamic-axes recipe, in the text and in --json, and an emitted module
+// whose constant reshapes raise an error naming the export's input shape;
+// the README's export (dynamic axes) gets none of it.
 func TestFixedShapeWarning(t *testing.T) {
 	dir := filepath.Join("..", "fixtures", "testdata", "messages")
 	out := t.TempDir()
 	code, stdout, stderr := run("convert", "-i", filepath.Join(dir, "fixed.pth"), "--graph", filepath.Join(dir, "fixed.onnx"),
-		"-o", filepath.Join(out, "f.pth"), "--relu", "abn", "--json")
+		"-o", filepath.Join(out, "f.pth"), "--relu", "abn", "--json", "--emit-module", filepath.Join(out, "f.py"))
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
@@ -217,6 +218,15 @@ func TestFixedShapeWarning(t *testing.T) {
 	if !found {
 		t.Errorf("no fixed-shape warning: %q", res.Warnings)
 	}
+	// The emitted module's constant reshapes check the batch size and the
+	// element count, and say why they fail (fixtures/messages.py runs it).
+	py, err := os.ReadFile(filepath.Join(out, "f.py"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(py), `.shape[0] == 2 and `); n != 2 || !strings.Contains(string(py), "without dynamic axes, at input shape (2, 3, 8, 8)") {
+		t.Errorf("%d guarded reshapes, want 2:\n%s", n, py)
+	}
 	// verify runs such an export at its own shape: told so at another
 	// (not a reshape error deep in the runtime), at it when none is given.
 	orig, conv, graphFile := filepath.Join(dir, "fixed.pth"), filepath.Join(out, "f.pth"), filepath.Join(dir, "fixed.onnx")
@@ -231,8 +241,9 @@ func TestFixedShapeWarning(t *testing.T) {
 		t.Errorf("convert --verify: exit %d: %s%s", code, stdout, stderr)
 	}
 	code, stdout, stderr = run("convert", "-i", filepath.Join(dir, "dropout2d.pth"), "--graph", filepath.Join(dir, "dropout2d.onnx"),
-		"-o", filepath.Join(out, "d.pth"), "--relu", "abn")
-	if code != 0 || strings.Contains(stdout+stderr, "without dynamic axes") {
+		"-o", filepath.Join(out, "d.pth"), "--relu", "abn", "--emit-module", filepath.Join(out, "d.py"))
+	py, _ = os.ReadFile(filepath.Join(out, "d.py"))
+	if code != 0 || strings.Contains(stdout+stderr+string(py), "without dynamic axes") {
 		t.Errorf("an export with dynamic axes: exit %d, %s", code, stdout+stderr)
 	}
 }

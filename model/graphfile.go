@@ -210,6 +210,7 @@ func graphFromONNX(path string, w graph.Weights) (*graph.Graph, *arch.Match, err
 		for _, d := range dims {
 			match.FixedInput = append(match.FixedInput, int(d))
 		}
+		g.FixedInput = match.FixedInput
 	}
 	if m.ExportMode() == "eval" {
 		match.Warnings = append(match.Warnings, fmt.Sprintf("%s was exported in eval mode, which drops every Dropout and StochasticDepth layer: the emitted module trains without any the network had; to keep them, export with model.train() and training=torch.onnx.TrainingMode.PRESERVE (torch 1.x exports StochasticDepth's noise only with torch 2's bernoulli symbolic registered, see the README; torch 1.13 cannot export Dropout2d/Dropout3d in train mode: put those layers alone in eval mode for the export, as the README and python/abnexport.py do; or give the whole pickled module, torch.save(model))", path))
