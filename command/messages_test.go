@@ -247,3 +247,39 @@ func TestFixedShapeWarning(t *testing.T) {
 		t.Errorf("an export with dynamic axes: exit %d, %s", code, stdout+stderr)
 	}
 }
+
+// TestSegmentationAgreement: a segmentation network's 4-D output gets a
+// per-pixel agreement (argmax over its channels), not a top-1 over the
+// flattened map, which read 0% at cosine 1.000000; in --json
+// pixel_agreement, and no top1_agreement.
+func TestSegmentationAgreement(t *testing.T) {
+	fixture := filepath.Join("..", "fixtures", "testdata", "structure", "fcn_module.pth")
+	out := filepath.Join(t.TempDir(), "fcn.pth")
+	code, stdout, stderr := run("-i", fixture, "-o", out, "--verify")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	m := regexp.MustCompile(`drift from the original .*cosine ([0-9.]+), per-pixel agreement ([0-9.]+)% \(argmax over channels\)`).FindStringSubmatch(stdout)
+	if m == nil || strings.Contains(stdout, "top-1 agreement") {
+		t.Fatalf("no per-pixel agreement on the drift line:\n%s", stdout)
+	}
+	if cos, _ := strconv.ParseFloat(m[1], 64); cos > 0.9999 && m[2] != "100.00" {
+		t.Errorf("cosine %s with per-pixel agreement %s%%", m[1], m[2])
+	}
+	code, stdout, stderr = run("verify", "--original", fixture, "--converted", out, "--json", "-q")
+	if code != 0 {
+		t.Fatalf("verify: exit %d: %s", code, stderr)
+	}
+	var res struct {
+		Drift struct {
+			Top1  *float64 `json:"top1_agreement"`
+			Pixel *float64 `json:"pixel_agreement"`
+		} `json:"drift"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &res); err != nil {
+		t.Fatal(err)
+	}
+	if res.Drift.Top1 != nil || res.Drift.Pixel == nil || *res.Drift.Pixel != 1 {
+		t.Errorf("JSON drift: top1 %v, pixel %v; want none and 1", res.Drift.Top1, res.Drift.Pixel)
+	}
+}
