@@ -137,7 +137,7 @@ func graphFromONNX(path string, w graph.Weights) (*graph.Graph, *arch.Match, err
 			parts = append(parts, fmt.Sprintf("%d FrozenBatchNorm2d layer(s) (frozen: nothing to convert): %s; the other BatchNorms could be converted, but the arithmetic torch exports the frozen layers as is not modelled yet%s", len(frozen), summarize(frozen, 6), opaqueOps(m, frozen, prefix)))
 		}
 		if len(readBy) > 0 {
-			parts = append(parts, fmt.Sprintf("%d tensor(s) of the state dict are read by ops abnconvert does not model, so no layer ties them to the state dict: %s", len(readBy), strings.Join(readBy, "; ")))
+			parts = append(parts, fmt.Sprintf("tensors of %d module(s) of the state dict are read by ops abnconvert does not model, so no layer ties them to the state dict: %s", len(readBy), strings.Join(readBy, "; ")))
 		}
 		return nil, nil, failure.Unsupportedf("%s: %s", path, strings.Join(parts, "; "))
 	}
@@ -442,7 +442,8 @@ func constantFoldingHint(unnamed []string) string {
 // readButUnbound sorts the state dict's keys that no modelled layer reads:
 // FrozenBatchNorm2d layers (a module whose weight, bias, running_mean and
 // running_var the graph reads as arithmetic, with no num_batches_tracked),
-// keys read by ops the IR does not model (each with its readers), and the
+// keys read by ops the IR does not model (by module, with their readers
+// and the unsupported ops of the readers' scope), and the
 // rest, which the graph does not read at all.
 func readButUnbound(m *onnx.Model, extra []string, prefix string, inState map[string]bool) (frozen, readBy, rest []string) {
 	isFrozen := map[string]bool{}
@@ -452,6 +453,14 @@ func readButUnbound(m *onnx.Model, extra []string, prefix string, inState map[st
 		}
 	}
 	seenFrozen := map[string]bool{}
+	// Grouped by module: GroupNorm's weight and bias are one cause.
+	type readGroup struct {
+		keys, readers []string
+		seen          map[string]bool
+		scope         string // a reader's node name, for its scope
+	}
+	byMod := map[string]*readGroup{}
+	var mods []string
 	for _, k := range extra {
 		mod := k
 		if i := strings.LastIndex(k, "."); i > 0 {
@@ -474,13 +483,32 @@ func readButUnbound(m *onnx.Model, extra []string, prefix string, inState map[st
 			rest = append(rest, k)
 			continue
 		}
-		var names []string
-		for _, r := range readers {
-			names = append(names, fmt.Sprintf("%s (%s)", r.Op, r.Node))
+		r, ok := byMod[mod]
+		if !ok {
+			r = &readGroup{seen: map[string]bool{}}
+			byMod[mod] = r
+			mods = append(mods, mod)
 		}
-		msg := fmt.Sprintf("%s is read by %s", k, summarize(names, 3))
-		if ops := m.OpaqueInScope(readers[0].Node, false); len(ops) > 0 {
-			msg += "; unsupported ops beside it: " + strings.Join(ops, ", ")
+		r.keys = append(r.keys, k)
+		for _, rd := range readers {
+			if name := fmt.Sprintf("%s (%s)", rd.Op, rd.Node); !r.seen[name] {
+				r.seen[name] = true
+				r.readers = append(r.readers, name)
+			}
+		}
+		if r.scope == "" {
+			r.scope = readers[0].Node
+		}
+	}
+	for _, mod := range mods {
+		r := byMod[mod]
+		verb := "is"
+		if len(r.keys) > 1 {
+			verb = "are"
+		}
+		msg := fmt.Sprintf("%s %s read by %s", strings.Join(r.keys, ", "), verb, summarize(r.readers, 4))
+		if ops := m.OpaqueInScope(r.scope, false); len(ops) > 0 {
+			msg += ", beside unsupported ops: " + strings.Join(ops, ", ")
 		}
 		readBy = append(readBy, msg)
 	}
