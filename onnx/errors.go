@@ -80,10 +80,15 @@ type NoBatchNormError struct {
 	// x2"); Frozen lists the FrozenBatchNorm2d layers by module path.
 	Norms  []string
 	Frozen []string
+	// Convs counts Conv nodes (none: no eval export could be the cause).
+	Convs int
 }
 
 func (e *NoBatchNormError) Error() string {
 	what := "it has no BatchNormalization node, and its Conv parameters keep their module names, so it is not an eval-mode export (which renames them onnx::Conv_*)"
+	if e.Convs == 0 {
+		what = "it has neither BatchNormalization nor Conv nodes"
+	}
 	if len(e.Norms) > 0 {
 		what += "; its normalisation: " + strings.Join(e.Norms, ", ")
 	}

@@ -292,6 +292,8 @@ func (m *Model) NoBatchNorm() error {
 	var ops []string
 	for _, info := range m.infos {
 		switch op := info.proto.GetOpType(); op {
+		case "Conv":
+			e.Convs++
 		case "LayerNormalization", "InstanceNormalization", "GroupNormalization", "LpNormalization", "MeanVarianceNormalization":
 			if count[op] == 0 {
 				ops = append(ops, op)
