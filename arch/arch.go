@@ -54,6 +54,9 @@ type Match struct {
 	// Warnings are what the structure source may have lost (an eval-mode
 	// export's Dropout), for the conversion's warnings.
 	Warnings []string
+	// FixedInput is the input shape an export without dynamic axes runs
+	// at, and nothing else (its shapes are constants); nil otherwise.
+	FixedInput []int
 }
 
 var (
@@ -71,7 +74,26 @@ var (
 // disagreements when the shapes say otherwise. Every key must be consumed by
 // the graph and every parameter the graph needs must be present; the error
 // lists the ones that are not.
+//
+// An unrecognised layout's error ends with StateDictNextSteps.
 func Recognize(w graph.Weights, force string) (*graph.Graph, *Match, error) {
+	g, m, err := recognize(w, force)
+	if errors.Is(err, ErrUnrecognised) {
+		return nil, nil, fmt.Errorf("%w; %s", err, StateDictNextSteps)
+	}
+	return g, m, err
+}
+
+// StateDictNextSteps is what to do with a state dict no recogniser knows:
+// a state dict alone holds no structure, so give one, three ways.
+const StateDictNextSteps = "a state dict holds no structure, so give it one of three ways: " +
+	"(1) --graph net.onnx, the network's export (model.train(); torch.onnx.export(model, x, \"net.onnx\", opset_version=13, training=torch.onnx.TrainingMode.PRESERVE, do_constant_folding=False, input_names=[\"x\"], dynamic_axes={\"x\": {0: \"n\", 2: \"h\", 3: \"w\"}}): the README's \"Exporting a network for --graph\"); " +
+	"(2) the whole pickled module instead of its state dict (torch.save(model)), for torchvision's classes; " +
+	"(3) python3 python/abnexport.py MODULE:FACTORY --shape 2,3,224,224 --out net, which writes net.pth, net.onnx and a probe recorded from your model, then abnconvert -i net.pth -o net_abn.pth --graph net.onnx --probe net.probe.pth"
+
+// recognize is Recognize without the next steps (a whole module's
+// fallback reads its error as a note).
+func recognize(w graph.Weights, force string) (*graph.Graph, *Match, error) {
 	keys := w.Keys()
 	if len(keys) == 0 {
 		return nil, nil, fmt.Errorf("%w: the state dict is empty", ErrUnrecognised)

@@ -150,7 +150,7 @@ func FromModule(m *pth.Module, w graph.Weights, force string) (*graph.Graph, *Ma
 		if fam == FamilySegmentation {
 			g, match, err = recognizeSegmentation(w, w.Keys())
 		} else {
-			g, match, err = Recognize(w, force)
+			g, match, err = recognize(w, force)
 		}
 		tree, hasTree := treeFallback[fam]
 		if err != nil && hasTree {

@@ -264,6 +264,7 @@ func convertAction(c *cli.Context) error {
 		if ver, err = verify.Run(vopt); err != nil {
 			return err
 		}
+		ver.Verdict = verdictLine(ver)
 	}
 	switch {
 	case c.Bool("json"):

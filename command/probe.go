@@ -61,19 +61,27 @@ func writeProbe(w io.Writer, r *verify.Result) {
 	fmt.Fprintf(w, "  probe: %d running statistics compared: %d passed, %d failed%s\n", stats, stats-statFail-statSkip, statFail, more)
 }
 
-// verdict is the verdict's last line.
+// verdict is the verdict's last line. PRESERVED alone means the outputs
+// are the original's (up to float rounding); a conversion that declared
+// approximations (--relu leaky, the default, changes outputs by design)
+// says so in the same line with how far they moved, so that PRESERVED is
+// not read as "outputs unchanged".
 func verdict(r *verify.Result, skipped string) string {
+	promised := "the converted checkpoint computes what the conversion promised"
+	if !r.Exact {
+		promised = fmt.Sprintf("the conversion is exact apart from the declared approximations (%s)", r.Approximations)
+	}
 	switch {
 	case !r.Preserved && r.Probe != nil && r.Probe.Cause != "":
 		return fmt.Sprintf("NOT PRESERVED: %d check(s) failed: %s\n%s", len(r.Failed), summarize(r.Failed, 8), r.Probe.Cause)
 	case !r.Preserved:
 		return fmt.Sprintf("NOT PRESERVED: %d check(s) failed: %s", len(r.Failed), strings.Join(r.Failed, ", "))
 	case r.Conditional:
-		return fmt.Sprintf("PRESERVED, assuming %s: a network modified in ways that keep keys and shapes would pass too; record a probe with python/abnexport.py and pass --probe%s", r.Assumption, skipped)
+		return fmt.Sprintf("PRESERVED, assuming %s: %s; a network modified in ways that keep keys and shapes would pass too; record a probe with python/abnexport.py and pass --probe%s", r.Assumption, promised, skipped)
 	case r.Probe != nil:
-		return fmt.Sprintf("PRESERVED: the converted checkpoint computes what the conversion promised, and the original's rebuild what PyTorch computed on your model%s", skipped)
+		return fmt.Sprintf("PRESERVED: %s, and the original's rebuild computes what PyTorch computed on your model%s", promised, skipped)
 	}
-	return fmt.Sprintf("PRESERVED: the converted checkpoint computes what the conversion promised%s", skipped)
+	return fmt.Sprintf("PRESERVED: %s%s", promised, skipped)
 }
 
 // summarize joins the first n names and counts the rest.

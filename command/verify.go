@@ -108,6 +108,7 @@ func verifyAction(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	res.Verdict = verdictLine(res)
 	if c.Bool("json") {
 		enc := json.NewEncoder(c.App.Writer)
 		enc.SetIndent("", "  ")
@@ -161,8 +162,15 @@ func writeVerify(w io.Writer, r *verify.Result) {
 		if d.Rounded > 0 {
 			rounded = fmt.Sprintf(", %d BN scales rounded by half-precision storage", d.Rounded)
 		}
-		fmt.Fprintf(w, "  drift from the original (%d sites approximated by the ReLU policy, %d tiny-gamma channels%s): max abs %.3g, rel %.2e, cosine %.6f, top-1 agreement %.0f%%\n",
-			d.Sites, d.TinyGamma, rounded, d.MaxAbs, d.Rel, d.Cosine, 100*d.Top1Agree)
+		agree := ""
+		switch {
+		case d.Top1Agree != nil:
+			agree = fmt.Sprintf(", top-1 agreement %.0f%%", 100**d.Top1Agree)
+		case d.PixelAgree != nil:
+			agree = fmt.Sprintf(", per-pixel agreement %.2f%% (argmax over channels)", 100**d.PixelAgree)
+		}
+		fmt.Fprintf(w, "  drift from the original (%d sites approximated by the ReLU policy, %d tiny-gamma channels%s): max abs %.3g, rel %.2e, cosine %.6f%s\n",
+			d.Sites, d.TinyGamma, rounded, d.MaxAbs, d.Rel, d.Cosine, agree)
 		if t := d.Train; t != nil {
 			stats := ""
 			if s := t.RunningStats; s != nil {
@@ -172,9 +180,15 @@ func writeVerify(w io.Writer, r *verify.Result) {
 				t.Output.Rel, t.Output.L2, t.InputGradient.Rel, t.InputGradient.L2, stats)
 		}
 	}
+	fmt.Fprintln(w, r.Verdict)
+}
+
+// verdictLine is the verdict's line (verdict, probe.go), for the text and
+// the JSON alike.
+func verdictLine(r *verify.Result) string {
 	skipped := ""
 	if len(r.Skipped) > 0 {
 		skipped = fmt.Sprintf(" (%d check(s) skipped: they cannot tell a right result from a wrong one)", len(r.Skipped))
 	}
-	fmt.Fprintln(w, verdict(r, skipped))
+	return verdict(r, skipped)
 }

@@ -30,6 +30,10 @@ func runONNX(opt Options, start time.Time) (*Result, error) {
 		return nil, err
 	}
 	m := md.ONNX
+	if err := m.NoBatchNorm(); err != nil {
+		// A copy with nothing changed would read as a conversion.
+		return nil, err
+	}
 	opt.progress("read %d nodes (opset %d)", len(m.Graph.Nodes), m.Opset)
 	prov, err := opt.structureSource(md)
 	if err != nil {
@@ -44,6 +48,9 @@ func runONNX(opt Options, start time.Time) (*Result, error) {
 		Arch: m.Graph.Arch, Family: "onnx", ExactArch: true,
 		Options: reportOptions(opt),
 		Report:  rep, Warnings: append([]string(nil), rep.Warnings...),
+	}
+	if w := m.FixedShapeWarning(); w != "" {
+		res.Warnings = append(res.Warnings, w)
 	}
 	if opaque := m.Opaque(); len(opaque) > 0 {
 		res.Notes = append(res.Notes, fmt.Sprintf("%d node(s) the IR does not model were carried through unchanged: %s", len(opaque), summarize(opaque, 6)))

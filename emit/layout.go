@@ -68,7 +68,24 @@ func (p *program) layoutExpr(n *graph.Node) (string, bool) {
 		for _, d := range l.Shape {
 			dims = append(dims, d.String(in))
 		}
-		return fmt.Sprintf("%s.reshape(%s)", in(0), strings.Join(dims, ", ")), true
+		expr := fmt.Sprintf("%s.reshape(%s)", in(0), strings.Join(dims, ", "))
+		if numel, ok := constNumel(l.Shape); ok && len(p.g.FixedInput) > 0 {
+			// An export without dynamic axes: the shape is the export's
+			// constant, and at another input the reshape's own error
+			// ("shape '[2, 2, 4, 8, 8]' is invalid for input of size
+			// 2048") says nothing of the cause. An expression, so that
+			// it stays one line of forward (a generator's throw raises).
+			msg := fmt.Sprintf("this module was converted from an ONNX export made without dynamic axes, at input shape (%s): its reshape to (%s) fits that shape only; the tensor here is ", joinInts(p.g.FixedInput), strings.Join(dims, ", "))
+			cond := fmt.Sprintf("%s.numel() == %d", in(0), numel)
+			if int64(p.g.FixedInput[0]) == l.Shape[0].Const {
+				// The export's batch size, baked in: at another batch
+				// with as many elements the reshape would mix samples.
+				cond = fmt.Sprintf("%s.shape[0] == %d and %s", in(0), l.Shape[0].Const, cond)
+			}
+			expr = fmt.Sprintf("(%s if %s else (_ for _ in ()).throw(RuntimeError(%s + str(tuple(%s.shape)) + %s)))",
+				expr, cond, pyStr(msg), in(0), pyStr(": re-export with dynamic_axes (the abnconvert README's recipe) and convert again"))
+		}
+		return expr, true
 	case graph.OpTranspose:
 		return fmt.Sprintf("%s.permute(%s).contiguous()", in(0), joinInts(l.Perm)), true
 	case graph.OpPad:
@@ -104,6 +121,19 @@ func (p *program) layoutExpr(n *graph.Node) (string, bool) {
 		return fmt.Sprintf("%s[%s]", in(0), idx), true
 	}
 	return "", false
+}
+
+// constNumel is the element count of a shape whose entries are all
+// positive constants; ok is false for shapes read from a tensor or with -1.
+func constNumel(shape []graph.Dim) (int64, bool) {
+	n := int64(1)
+	for _, d := range shape {
+		if d.Ref >= 0 || d.Const <= 0 {
+			return 0, false
+		}
+		n *= d.Const
+	}
+	return n, len(shape) > 0
 }
 
 func joinInts(v []int) string {

@@ -228,6 +228,10 @@ type Graph struct {
 	// beside auxiliary ones: "out" (a segmentation model's dict),
 	// "logits" (GoogLeNet's namedtuple), an ONNX graph output's name.
 	OutputName string
+	// FixedInput is the input shape an ONNX export made without dynamic
+	// axes was traced at: torch wrote the shapes it computed from it as
+	// constants, so the network runs at that shape only. nil otherwise.
+	FixedInput []int
 	byName     map[string]*Node
 	counter    int
 }

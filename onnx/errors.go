@@ -3,6 +3,7 @@ package onnx
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/abnconvert/abnconvert/failure"
 	"github.com/abnconvert/abnconvert/output"
@@ -24,6 +25,10 @@ var (
 	// BatchNormalization into the Conv before it, so there is nothing left
 	// to convert. See EvalExportError.
 	ErrEvalExport = errors.New("eval-mode ONNX export: BatchNormalization folded into Conv")
+	// ErrNothingToConvert: the network has no BatchNorm that InPlace-ABN
+	// could replace (LayerNorm, GroupNorm or no normalisation at all, or
+	// only FrozenBatchNorm2d). See NoBatchNormError.
+	ErrNothingToConvert = errors.New("nothing to convert")
 	// ErrOutputExists: Write would overwrite an existing file without
 	// WriteOptions.Force.
 	ErrOutputExists = output.ErrExists
@@ -62,3 +67,35 @@ func (e *EvalExportError) Error() string {
 }
 
 func (e *EvalExportError) Unwrap() error { return ErrEvalExport }
+
+// NoBatchNormError says that a network has no BatchNorm to convert: not
+// an eval-mode export (its Conv parameters keep their module names, which
+// torch's BatchNorm folding replaces by onnx::Conv_*), but a network
+// normalised otherwise (ConvNeXt's LayerNorm, GroupNorm, NF-ResNet's
+// weight standardisation, ViT) or by FrozenBatchNorm2d, whose fixed
+// scale and shift torch exports as arithmetic on its buffers.
+type NoBatchNormError struct {
+	Path string
+	// Norms counts the other normalisation nodes ("InstanceNormalization
+	// x2"); Frozen lists the FrozenBatchNorm2d layers by module path.
+	Norms  []string
+	Frozen []string
+	// Convs counts Conv nodes (none: no eval export could be the cause).
+	Convs int
+}
+
+func (e *NoBatchNormError) Error() string {
+	what := "it has no BatchNormalization node, and its Conv parameters keep their module names, so it is not an eval-mode export (which renames them onnx::Conv_*)"
+	if e.Convs == 0 {
+		what = "it has neither BatchNormalization nor Conv nodes"
+	}
+	if len(e.Norms) > 0 {
+		what += "; its normalisation: " + strings.Join(e.Norms, ", ")
+	}
+	if len(e.Frozen) > 0 {
+		what = fmt.Sprintf("its %d BatchNorm layer(s) are FrozenBatchNorm2d (frozen: nothing to convert; fixed statistics, exported as arithmetic on their buffers): %s", len(e.Frozen), strings.Join(e.Frozen, ", "))
+	}
+	return fmt.Sprintf("%s: nothing to convert: no BatchNorm for InPlace-ABN to replace: %s. Use the network as it is (InPlace-ABN only replaces BatchNorm + activation)", e.Path, what)
+}
+
+func (e *NoBatchNormError) Unwrap() error { return ErrNothingToConvert }

@@ -265,10 +265,84 @@ func (m *Model) evalExport() error {
 			}
 		}
 	}
+	if e.BatchNorms == 0 && e.Folded == 0 {
+		// No BN, and no Conv parameter renamed by BN folding: a network
+		// without BatchNorm, not an eval export of one. It reads; a
+		// conversion says there is nothing to convert (NoBatchNorm).
+		return nil
+	}
 	if e.BiasedConvs > 0 && bnAfterConv == 0 && (e.BatchNorms == 0 || e.Folded > 0) {
 		return e
 	}
 	return nil
+}
+
+// NoBatchNorm is a *NoBatchNormError for a network without
+// BatchNormalization nodes (naming its other normalisation nodes and its
+// FrozenBatchNorm2d layers), nil for one with any: what a conversion says
+// instead of writing a copy.
+func (m *Model) NoBatchNorm() error {
+	for _, info := range m.infos {
+		if info.proto.GetOpType() == "BatchNormalization" || info.proto.GetDomain() == Domain {
+			return nil
+		}
+	}
+	e := &NoBatchNormError{Path: m.Path, Frozen: m.FrozenBN()}
+	count := map[string]int{}
+	var ops []string
+	for _, info := range m.infos {
+		switch op := info.proto.GetOpType(); op {
+		case "Conv":
+			e.Convs++
+		case "LayerNormalization", "InstanceNormalization", "GroupNormalization", "LpNormalization", "MeanVarianceNormalization":
+			if count[op] == 0 {
+				ops = append(ops, op)
+			}
+			count[op]++
+		}
+	}
+	sort.Strings(ops)
+	for _, op := range ops {
+		what := ""
+		if op == "InstanceNormalization" {
+			what = ", GroupNorm or InstanceNorm as torch exports them"
+		}
+		e.Norms = append(e.Norms, fmt.Sprintf("%s x%d%s", op, count[op], what))
+	}
+	return e
+}
+
+// FrozenBN lists, by module path, the FrozenBatchNorm2d layers of the
+// export (torchvision.ops.misc.FrozenBatchNorm2d, detection backbones):
+// initializers NAME.running_mean and NAME.running_var that no
+// BatchNormalization reads, which torch exports as Reshape, Add, Sqrt,
+// Div and Mul on the buffers. Their statistics never move: nothing to
+// convert.
+func (m *Model) FrozenBN() []string {
+	readByBN := map[string]bool{}
+	for _, info := range m.infos {
+		if info.proto.GetOpType() != "BatchNormalization" {
+			continue
+		}
+		for _, in := range info.proto.Input {
+			readByBN[in] = true
+			if p, ok := m.params[in]; ok {
+				readByBN[p.root] = true
+			}
+		}
+	}
+	var out []string
+	for _, t := range m.proto.GetGraph().GetInitializer() {
+		mod, ok := strings.CutSuffix(t.GetName(), ".running_var")
+		if !ok || readByBN[t.GetName()] || mod == "" {
+			continue
+		}
+		if len(m.Readers(t.GetName())) > 0 {
+			out = append(out, mod)
+		}
+	}
+	sort.Strings(out)
+	return out
 }
 
 // producerOf is the node that outputs name, nil for graph inputs,

@@ -263,7 +263,10 @@ func TestEvalExportDetection(t *testing.T) {
 		eval bool
 	}{
 		{"conv bn relu", convBNRelu(), false},
-		{"biased conv, no BN", biasConvRelu(false, false), true},
+		// Module names on the Conv: a network without BatchNorm, which
+		// reads (NoBatchNorm says there is nothing to convert).
+		{"biased conv, no BN", biasConvRelu(false, false), false},
+		{"biased conv, folded names, no BN", biasConvRelu(false, true), true},
 		{"folded names, BN after a pool", biasConvRelu(true, true), true},
 		{"BN only after a pool, module names", biasConvRelu(true, false), false},
 	}

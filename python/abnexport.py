@@ -197,9 +197,26 @@ def export(model, input_shape, prefix, opset=13, seed=0):
         # num_batches_tracked update: expected (abnconvert reads the
         # buffers from PREFIX.pth), and noise to a user.
         warnings.filterwarnings("ignore", message=".*Removing mutation from node aten::add_.*")
-        torch.onnx.export(exp, x, paths[1], opset_version=opset,
-                          training=torch.onnx.TrainingMode.PRESERVE, do_constant_folding=False,
-                          input_names=["x"], dynamic_axes={"x": dyn})
+        try:
+            torch.onnx.export(exp, x, paths[1], opset_version=opset,
+                              training=torch.onnx.TrainingMode.PRESERVE, do_constant_folding=False,
+                              input_names=["x"], dynamic_axes={"x": dyn})
+        except Exception as err:  # noqa: BLE001  (torch's SymbolicValueError; its class moved between versions)
+            # torch 1.13 has no train-mode symbolic for Dropout2d/3d
+            # (aten::feature_dropout): export them in eval mode, where they
+            # are the identity and leave the graph, and say so.
+            drops = [m for m in exp.modules() if isinstance(m, (nn.Dropout2d, nn.Dropout3d))]
+            if "feature_dropout" not in str(err) or not drops:
+                raise
+            for m in drops:
+                m.eval()
+            torch.onnx.export(exp, x, paths[1], opset_version=opset,
+                              training=torch.onnx.TrainingMode.PRESERVE, do_constant_folding=False,
+                              input_names=["x"], dynamic_axes={"x": dyn})
+            print("abnexport: warning: torch %s cannot export Dropout2d/Dropout3d in train mode (aten::feature_dropout): "
+                  "%d such layer(s) exported in eval mode, so %s and the emitted module have none; add "
+                  "F.dropout2d(x, p, self.training) back in the emitted module where the model had them"
+                  % (torch.__version__, len(drops), paths[1]), file=sys.stderr)
     _restore_initializers(paths[1], state)
     torch.save(state, paths[0])
     torch.save(p, paths[2])

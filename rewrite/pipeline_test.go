@@ -640,7 +640,7 @@ func TestReportJSONAndTable(t *testing.T) {
 	out := buf.String()
 	warn := strings.Index(out, "WARNING: 3 BN+ReLU sites now use leaky_relu(0.01): outputs change; use --relu abn")
 	table := strings.Index(out, "NODE")
-	if !strings.HasPrefix(out, "rewrite test: 5 sites: 0 exact, 2 sign-folded") || warn < 0 || table < warn {
+	if !strings.HasPrefix(out, "rewrite test: 5 sites by outcome: 0 exact, 2 sign-folded") || warn < 0 || table < warn {
 		t.Fatalf("table:\n%s", out)
 	}
 	if !strings.Contains(out, "layer1.0.downsample.1") {

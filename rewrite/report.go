@@ -41,6 +41,7 @@ type Report struct {
 	TinyGammaPolicy string           `json:"tiny_gamma_policy"`
 	Sync            bool             `json:"sync"`
 	Summary         Summary          `json:"summary"`
+	Channels        Channels         `json:"channels"`
 	Sites           []Site           `json:"sites"`
 	DenseLayers     []string         `json:"dense_layers"`
 	Flips           map[string][]int `json:"flips"`
@@ -48,10 +49,13 @@ type Report struct {
 	Warnings        []string         `json:"warnings"`
 }
 
-// Summary counts sites by outcome. TinyGamma counts sites with channels
-// whose |gamma| < eps, whatever their outcome; TinyGammaFallback those of
-// them kept out of place as ABN for it (--tiny-gamma exact), each an
-// in-place saving lost (also counted in FallbackABN).
+// Summary counts sites by outcome, one outcome a site (approximated wins
+// over sign-flipped, which wins over sign-folded, so a site made leaky that
+// also folds signs counts as approximated only). TinyGamma counts sites
+// with channels whose |gamma| < eps, whatever their outcome;
+// TinyGammaFallback those of them kept out of place as ABN for it
+// (--tiny-gamma exact), each an in-place saving lost (also counted in
+// FallbackABN). Report.Channels counts channels, as the table's columns do.
 type Summary struct {
 	Sites             int `json:"sites"`
 	Exact             int `json:"exact"`
@@ -65,6 +69,20 @@ type Summary struct {
 	// ResidualsFused counts the sites that add their block's residual in
 	// place (Site.Residual).
 	ResidualsFused int `json:"residuals_fused"`
+}
+
+// Channels counts channels, as the table's NEG, FOLDED, FLIPPED and TINY
+// columns do, over every site whatever its outcome, and SitesFolding and
+// SitesFlipping the sites with any: beside Summary's one outcome a site,
+// the summary line and the table then agree (a DenseNet under --relu leaky
+// read "0 sign-folded" above FOLDED columns full of channels).
+type Channels struct {
+	Negative      int `json:"negative"`
+	Folded        int `json:"sign_folded"`
+	Flipped       int `json:"sign_flipped"`
+	TinyGamma     int `json:"tiny_gamma"`
+	SitesFolding  int `json:"sites_folding"`
+	SitesFlipping int `json:"sites_flipping"`
 }
 
 // Site is one converted BatchNorm2d.
@@ -190,6 +208,17 @@ func (st *State) report() *Report {
 		if s.residual != "" {
 			sum.ResidualsFused++
 		}
+		ch := &r.Channels
+		ch.Negative += len(site.NegativeChannels)
+		ch.Folded += len(site.FoldedChannels)
+		ch.Flipped += len(site.FlippedChannels)
+		ch.TinyGamma += len(site.TinyGammaChannels) + len(site.TinyGammaExactChannels)
+		if len(site.FoldedChannels) > 0 {
+			ch.SitesFolding++
+		}
+		if len(site.FlippedChannels) > 0 {
+			ch.SitesFlipping++
+		}
 	}
 	r.Summary.DenseLayersMarked = len(r.DenseLayers)
 	if approxReLU > 0 {
@@ -223,8 +252,12 @@ func (r *Report) WriteTable(w io.Writer) {
 	defer bw.Flush()
 	w = bw
 	s := r.Summary
-	fmt.Fprintf(w, "rewrite %s: %d sites: %d exact, %d sign-folded, %d sign-flipped, %d fallback-abn, %d approximated; %d with tiny gamma (%d kept out of place for it); %d dense layers marked; %d residual adds fused\n",
+	fmt.Fprintf(w, "rewrite %s: %d sites by outcome: %d exact, %d sign-folded, %d sign-flipped, %d fallback-abn, %d approximated; %d with tiny gamma (%d kept out of place for it); %d dense layers marked; %d residual adds fused\n",
 		r.Arch, s.Sites, s.Exact, s.SignFolded, s.SignFlipped, s.FallbackABN, s.Approximated, s.TinyGamma, s.TinyGammaFallback, s.DenseLayersMarked, s.ResidualsFused)
+	// The outcome is one a site; the table's columns count channels, which
+	// an approximated or fallback site may fold or flip too: say both.
+	fmt.Fprintf(w, "channels (the table's NEG, FOLDED, FLIPPED, TINY columns), whatever the site's outcome: %d negative, %d sign-folded in %d sites, %d sign-flipped in %d sites, %d with tiny gamma\n",
+		r.Channels.Negative, r.Channels.Folded, r.Channels.SitesFolding, r.Channels.Flipped, r.Channels.SitesFlipping, r.Channels.TinyGamma)
 	fmt.Fprintf(w, "relu policy %s", r.ReLUPolicy)
 	if r.ReLUPolicy == ReLULeaky {
 		fmt.Fprintf(w, " (slope %g)", r.Slope)

@@ -139,7 +139,7 @@ func runONNX(opt Options) (*Result, error) {
 			return nil, fmt.Errorf("original: %w", err)
 		}
 		d := drift(yConv.Data, yOrig.Data, yOrig.Shape)
-		d.Sites, d.TinyGamma = approx, tiny
+		d.Sites, d.TinyGamma, d.Slope = approx, tiny, opt.Slope
 		d.WithinLimit = d.Rel <= evalLimit(opt, yOrig.Data)
 		res.Drift = &d
 		if opt.Strict && !d.WithinLimit {

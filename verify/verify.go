@@ -24,6 +24,7 @@ import (
 	"io"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"time"
 
@@ -44,6 +45,9 @@ type Options struct {
 	Sync  bool
 	// TinyGamma is the conversion's --tiny-gamma (exact or approx).
 	TinyGamma string
+
+	// shapeDefault: no input shape was given (Run).
+	shapeDefault bool
 
 	Seed      uint64
 	Batch     int
@@ -104,12 +108,21 @@ type Drift struct {
 	TinyGamma int `json:"tiny_gamma_channels"`
 	// Rounded counts the BN scales that half-precision storage moved
 	// (applyStorageRounding).
-	Rounded     int     `json:"rounded_gamma_channels,omitempty"`
-	MaxAbs      float64 `json:"max_abs"`
-	Rel         float64 `json:"rel"`
-	Cosine      float64 `json:"cosine"`
-	Top1Agree   float64 `json:"top1_agreement"`
-	WithinLimit bool    `json:"within_limit"`
+	Rounded int `json:"rounded_gamma_channels,omitempty"`
+	// Slope is the negative slope the approximated ReLU sites took.
+	Slope  float64 `json:"slope,omitempty"`
+	MaxAbs float64 `json:"max_abs"`
+	Rel    float64 `json:"rel"`
+	Cosine float64 `json:"cosine"`
+	// Top1Agree is the share of samples whose argmax over the classes
+	// agrees, for a 2-D (N, classes) output; PixelAgree the share of
+	// pixels whose argmax over the channel axis agrees, for a 4-D
+	// (N, C, H, W) output such as a segmentation map. Each is nil for
+	// outputs of another rank, where an argmax says nothing (a top-1 over
+	// the flattened map read 0% at cosine 1.000000).
+	Top1Agree   *float64 `json:"top1_agreement,omitempty"`
+	PixelAgree  *float64 `json:"pixel_agreement,omitempty"`
+	WithinLimit bool     `json:"within_limit"`
 	// Train is the drift of the training step (drift.go): a tiny gamma
 	// at scale eps moves it far more than it moves eval outputs.
 	Train *TrainDrift `json:"train,omitempty"`
@@ -149,6 +162,62 @@ type Result struct {
 	Assumption  string       `json:"assumption,omitempty"`
 	Conditional bool         `json:"conditional"`
 	Probe       *ProbeResult `json:"probe,omitempty"`
+	// Exact is false where the conversion declared approximations (ReLU
+	// sites made leaky_relu by --relu leaky, tiny-gamma channels at scale
+	// eps by --tiny-gamma approx, BN scales rounded by half-precision
+	// storage): PRESERVED then means "computes what the conversion
+	// promised", not "outputs unchanged", and Approximations says what
+	// moved and by how much (Drift has the figures).
+	Exact          bool   `json:"exact"`
+	Approximations string `json:"approximations,omitempty"`
+	// Verdict is the verdict's line as the text output prints it; the
+	// command line fills it in.
+	Verdict string `json:"verdict,omitempty"`
+}
+
+// Declared says what the declared approximations are and how far they
+// move the outputs: "12 ReLU sites now leaky_relu(0.01) (--relu leaky):
+// eval outputs move by max abs 0.00573 (rel 1.92e-02, cosine 0.999889),
+// a training step's outputs by rel 1.16e-02". "" when there are none.
+func (d *Drift) Declared() string {
+	if d == nil {
+		return ""
+	}
+	var what []string
+	if d.Sites > 0 {
+		what = append(what, fmt.Sprintf("%d ReLU site(s) now leaky_relu(%g) (--relu leaky; --relu abn keeps them exact)", d.Sites, d.Slope))
+	}
+	if d.TinyGamma > 0 {
+		what = append(what, fmt.Sprintf("%d channel(s) with |gamma| < eps at scale eps (--tiny-gamma approx)", d.TinyGamma))
+	}
+	if d.Rounded > 0 {
+		what = append(what, fmt.Sprintf("%d BN scale(s) rounded by half-precision storage", d.Rounded))
+	}
+	if len(what) == 0 {
+		return ""
+	}
+	s := fmt.Sprintf("%s: eval outputs move by max abs %.3g (rel %.2e, cosine %.6f)", strings.Join(what, ", "), d.MaxAbs, d.Rel, d.Cosine)
+	if d.Train != nil {
+		s += fmt.Sprintf(", a training step's outputs by rel %.2e", d.Train.Output.Rel)
+	}
+	return s
+}
+
+// Run verifies. An error means bad input (unreadable files, keys or shapes
+// that differ, flags the converted file was not made with would still give
+// a Result that fails); a Result with Preserved false means the outputs
+// differ; Exact false that they moved only as the conversion declared.
+func Run(opt Options) (*Result, error) {
+	// Neither --batch, --size nor --input-data: an export without dynamic
+	// axes is verified at its own input shape (convert --verify).
+	opt.shapeDefault = opt.Batch == 0 && opt.Size == 0 && opt.InputData == ""
+	res, err := runAny(opt)
+	if err != nil {
+		return nil, err
+	}
+	res.Approximations = res.Drift.Declared()
+	res.Exact = res.Approximations == ""
+	return res, nil
 }
 
 func (o *Options) defaults() {
@@ -262,11 +331,9 @@ func (n *network) backward(g *runtime.HostTensor) (*runtime.HostTensor, map[stri
 	return n.ex.BackwardAll(ds)
 }
 
-// Run verifies. An error means bad input (unreadable files, keys or shapes
-// that differ, flags the converted file was not made with would still give
-// a Result that fails); a Result with Preserved false means the outputs
-// differ.
-func Run(opt Options) (*Result, error) {
+// runAny is Run before the exactness is stated: a state dict's
+// conversion here, an ONNX file's in runONNX.
+func runAny(opt Options) (*Result, error) {
 	if isONNXPath(opt.Original) || isONNXPath(opt.Converted) {
 		return runONNX(opt) // onnx.go
 	}
@@ -334,6 +401,17 @@ func Run(opt Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	if f := match.FixedInput; opt.shapeDefault && len(f) == 4 && f[1] == 3 && f[2] == f[3] && !slices.Equal(f, x.Shape) {
+		opt.Batch, opt.Size = f[0], f[2]
+		if x, err = input(opt); err != nil {
+			return nil, err
+		}
+	}
+	if f := match.FixedInput; len(f) > 0 && !slices.Equal(f, x.Shape) {
+		// The export's shapes are constants: at another shape a reshape
+		// fails deep in the runtime, far from the cause.
+		return nil, fixedInputError(opt.Graph, f, x.Shape)
+	}
 	res := &Result{Original: opt.Original, Converted: opt.Converted, Arch: match.Arch, Device: opt.Device,
 		Input: x.Shape, Seed: opt.Seed, Strict: opt.Strict, FlagsFrom: from, Warnings: warnings}
 	structure, assumption := structureOf(src.Model, opt, match.Arch)
@@ -397,7 +475,7 @@ func Run(opt Options) (*Result, error) {
 			return nil, fmt.Errorf("original: %w", err)
 		}
 		d := drift(yConv.Data, yOrig.Data, yOrig.Shape)
-		d.Sites, d.TinyGamma, d.Rounded = approx, tiny, rounded
+		d.Sites, d.TinyGamma, d.Rounded, d.Slope = approx, tiny, rounded, opt.Slope
 		d.WithinLimit = d.Rel <= evalLimit(opt, yOrig.Data)
 		res.Drift = &d
 		if opt.Strict && !d.WithinLimit {
@@ -716,27 +794,42 @@ func drift(got, want []float32, shape []int) Drift {
 	if ng > 0 && nw > 0 {
 		d.Cosine = dot / math.Sqrt(ng*nw)
 	}
-	if len(shape) == 2 && shape[0] > 0 {
-		n, k := shape[0], shape[1]
-		agree := 0
-		for i := 0; i < n; i++ {
-			if argmax(got[i*k:(i+1)*k]) == argmax(want[i*k:(i+1)*k]) {
-				agree++
-			}
-		}
-		d.Top1Agree = float64(agree) / float64(n)
+	switch {
+	case len(shape) == 2 && shape[0] > 0:
+		a := argmaxAgreement(got, want, shape[0], shape[1], 1)
+		d.Top1Agree = &a
+	case len(shape) == 4 && shape[0] > 0 && shape[2]*shape[3] > 0:
+		a := argmaxAgreement(got, want, shape[0], shape[1], shape[2]*shape[3])
+		d.PixelAgree = &a
 	}
 	return d
 }
 
-func argmax(v []float32) int {
-	best := 0
-	for i := range v {
-		if v[i] > v[best] {
-			best = i
+// argmaxAgreement is the share of the n*inner positions of two (n, k,
+// inner) row-major tensors whose argmax over the k axis agrees.
+func argmaxAgreement(got, want []float32, n, k, inner int) float64 {
+	if n*inner == 0 || k == 0 {
+		return 0
+	}
+	agree := 0
+	for i := 0; i < n; i++ {
+		base := i * k * inner
+		for p := 0; p < inner; p++ {
+			bg, bw := 0, 0
+			for c := 1; c < k; c++ {
+				if got[base+c*inner+p] > got[base+bg*inner+p] {
+					bg = c
+				}
+				if want[base+c*inner+p] > want[base+bw*inner+p] {
+					bw = c
+				}
+			}
+			if bg == bw {
+				agree++
+			}
 		}
 	}
-	return best
+	return float64(agree) / float64(n*inner)
 }
 
 // input is the deterministic input: the .npy file, or N(0,1) values from
@@ -792,3 +885,13 @@ func sortedKeys(m map[string][]float32) []string {
 }
 
 var errNoNode = errors.New("no such node")
+
+// fixedInputError refuses to verify an export without dynamic axes at
+// another input shape than its own, saying which flags run it.
+func fixedInputError(graphPath string, fixed, got []int) error {
+	how := "--input-data with an array of that shape"
+	if len(fixed) == 4 && fixed[2] == fixed[3] {
+		how = fmt.Sprintf("--batch %d --size %d", fixed[0], fixed[2])
+	}
+	return fmt.Errorf("%s was exported without dynamic axes and runs only at its input shape %v, not %v: verify with %s, or re-export with dynamic_axes (the README's recipe)", graphPath, fixed, got, how)
+}
