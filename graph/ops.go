@@ -303,7 +303,7 @@ var opTable = [...]OpInfo{
 	{Op: OpCELU, MinInputs: 1, MaxInputs: 1, Shape: ShapeSame, Check: checkCELU, Saves: SaveInput, Activation: true, Overwritable: true, Channels: ChannelsOfInput},
 	{Op: OpSoftplus, MinInputs: 1, MaxInputs: 1, Shape: ShapeSame, Check: checkSoftplus, Saves: SaveInput, Activation: true, Overwritable: true, Channels: ChannelsOfInput},
 	{Op: OpMish, MinInputs: 1, MaxInputs: 1, Shape: ShapeSame, Saves: SaveInput, Activation: true, Overwritable: true, Channels: ChannelsOfInput,
-		Python: "F.mish(%s)"},
+		Python: "F.mish(%s)", ONNX: "Mish"},
 
 	{Op: OpAdd, MinInputs: 1, MaxInputs: Variadic, Shape: ShapeSum, Overwritable: true, Channels: ChannelsOfInput},
 	{Op: OpMul, MinInputs: 2, MaxInputs: 2, Shape: ShapeBroadcast, Saves: SaveOperands, Overwritable: true,

@@ -16,7 +16,9 @@ import (
 //   - Hardswish: Mul(x, HardSigmoid(x)) with alpha 1/6 and beta 1/2, how
 //     torch exports nn.Hardswish before opset 14;
 //   - GELU: Mul(Mul(x, Add(Erf(Div(x, sqrt 2)), 1)), 0.5), how torch
-//     exports the exact nn.GELU before opset 20.
+//     exports the exact nn.GELU before opset 20;
+//   - Mish: Mul(x, Tanh(Softplus(x))), how torch 1.13 exports nn.Mish
+//     (ONNX's Mish is opset 18's).
 //
 // The last node of a pattern stands for it in the IR; the others leave the
 // IR, and the writer writes all of them as read (a rewrite that renames x
@@ -30,6 +32,9 @@ func (b *builder) fuse() {
 		case n.Op == graph.OpMul:
 			for k := 0; k < 2; k++ {
 				x, gate := n.Inputs[k], n.Inputs[1-k].Producer
+				if b.fuseMish(n, x, gate) {
+					break
+				}
 				if len(gate.Inputs) != 1 || gate.Inputs[0] != x || !b.onlyReader(gate.Out, n) {
 					continue
 				}
@@ -46,6 +51,20 @@ func (b *builder) fuse() {
 			b.fuseGELU(n)
 		}
 	}
+}
+
+// fuseMish matches Mul(x, Tanh(Softplus(x))) ending in n, gate the Tanh,
+// and absorbs it.
+func (b *builder) fuseMish(n *graph.Node, x *graph.Value, gate *graph.Node) bool {
+	if gate.Op != graph.OpTanh || len(gate.Inputs) != 1 || !b.onlyReader(gate.Out, n) {
+		return false
+	}
+	sp := gate.Inputs[0].Producer
+	if sp.Op != graph.OpSoftplus || sp.Attr.ActParam != 1 || len(sp.Inputs) != 1 || sp.Inputs[0] != x || !b.onlyReader(sp.Out, gate) {
+		return false
+	}
+	b.absorb(n, x, graph.OpMish, sp, gate)
+	return true
 }
 
 // fuseGELU matches the exact GELU ending in n, Mul(·, 0.5).
