@@ -71,6 +71,7 @@ interop: build
 	$(PYTHON) fixtures/interop.py --bin $(BIN)
 	$(PYTHON) fixtures/interop_graph.py --bin $(BIN)
 	$(PYTHON) fixtures/acts.py check --bin $(BIN)
+	$(PYTHON) fixtures/acts2.py check --bin $(BIN)
 	$(PYTHON) fixtures/alias.py check --bin $(BIN)
 	$(PYTHON) fixtures/bnparams.py check --bin $(BIN)
 	$(PYTHON) fixtures/shape_nets.py check --bin $(BIN)

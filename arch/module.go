@@ -512,6 +512,33 @@ func readLayer(m *pth.Module) (graph.Op, graph.Attr, error) {
 			return "", a, failure.Unsupportedf("approximate %s: only the exact GELU is modelled", describe(m.Attr("approximate")))
 		}
 		return graph.OpGELU, a, nil
+	case "Tanh":
+		return graph.OpTanh, a, checkAttrs(m)
+	case "SELU":
+		return graph.OpSELU, a, activation(m)
+	case "Mish":
+		return graph.OpMish, a, activation(m)
+	case "CELU":
+		if err := activation(m, "alpha"); err != nil {
+			return "", a, err
+		}
+		var ok bool
+		if a.ActParam, ok = number(m.Attr("alpha")); !ok || a.ActParam == 0 {
+			return "", a, fmt.Errorf("alpha is %s: want a finite, nonzero number", describe(m.Attr("alpha")))
+		}
+		return graph.OpCELU, a, nil
+	case "Softplus":
+		// No inplace: nn.Softplus has none.
+		if err := checkAttrs(m, "beta", "threshold"); err != nil {
+			return "", a, err
+		}
+		var ok1, ok2 bool
+		a.ActParam, ok1 = number(m.Attr("beta"))
+		a.ActParam2, ok2 = number(m.Attr("threshold"))
+		if !ok1 || !ok2 || a.ActParam == 0 {
+			return "", a, fmt.Errorf("beta %s, threshold %s: want finite numbers, beta nonzero", describe(m.Attr("beta")), describe(m.Attr("threshold")))
+		}
+		return graph.OpSoftplus, a, nil
 	case "Upsample", "UpsamplingNearest2d", "UpsamplingBilinear2d":
 		// The two subclasses only set mode and align_corners in their
 		// __init__; Upsample's forward reads every attribute.

@@ -403,12 +403,15 @@ func TestModuleRefusals(t *testing.T) {
 		{"upsample recompute with size", hand(seq(conv(nil), up(map[string]pth.Value{"scale_factor": nil, "size": i(8), "recompute_scale_factor": true}))), "with a size", bad},
 		{"stochastic depth mode", hand(seq(conv(nil), mod("torchvision.ops.stochastic_depth.StochasticDepth", map[string]pth.Value{"p": 0.2, "mode": "column"}))), "mode 'column': want row or batch", unsupported},
 		{"gelu tanh", hand(seq(conv(nil), mod("torch.nn.modules.activation.GELU", map[string]pth.Value{"approximate": "tanh"}))), "approximate 'tanh': only the exact GELU is modelled", unsupported},
-		{"softplus", hand(seq(conv(nil), mod("torch.nn.modules.activation.Softplus", map[string]pth.Value{"beta": 1.0, "threshold": 20.0}))), "Softplus is not a layer abnconvert's IR models yet", unsupported},
+		{"softsign", hand(seq(conv(nil), mod("torch.nn.modules.activation.Softsign", nil))), "Softsign is not a layer abnconvert's IR models yet", unsupported},
+		{"softplus beta 0", hand(seq(conv(nil), mod("torch.nn.modules.activation.Softplus", map[string]pth.Value{"beta": int64(0), "threshold": 20.0}))), "1 (Softplus): beta 0, threshold 20: want finite numbers, beta nonzero", bad},
+		{"celu alpha 0", hand(seq(conv(nil), mod("torch.nn.modules.activation.CELU", map[string]pth.Value{"alpha": 0.0, "inplace": false}))), "1 (CELU): alpha is 0", bad},
+		{"selu unknown attribute", hand(seq(conv(nil), mod("torch.nn.modules.activation.SELU", map[string]pth.Value{"inplace": false, "alpha": 2.0}))), "attribute alpha = 2", unsupported},
 		{"resnet reflect padding", resnet("layer3.1.conv2", func(m *pth.Module) { m.Attrs["padding_mode"] = "reflect" }), `layer3.1.conv2 (Conv2d): padding_mode "reflect"`, unsupported},
 		{"resnet unknown bn attribute", resnet("layer4.1.bn2", func(m *pth.Module) { m.Attrs["frozen"] = true }), "layer4.1.bn2 (BatchNorm2d): attribute frozen = True", unsupported},
 		{"resnet replaced activation", resnet("layer1.0.relu", func(m *pth.Module) {
-			m.Class = "torch.nn.modules.activation.Softplus"
-		}), "layer1.0.relu (Softplus): torch.nn.modules.activation.Softplus is not a layer", unsupported},
+			m.Class = "torch.nn.modules.activation.Softsign"
+		}), "layer1.0.relu (Softsign): torch.nn.modules.activation.Softsign is not a layer", unsupported},
 		{"resnet block attribute", resnet("layer2.0", func(m *pth.Module) { m.Attrs["drop_path"] = 0.1 }), "layer2.0 (Bottleneck): attribute drop_path = 0.1", unsupported},
 		{"resnet extra module", resnet("layer2.0", func(m *pth.Module) {
 			m.Children = append(m.Children, pth.Child{Name: "se", Module: mod("torch.nn.modules.activation.Sigmoid", nil)})

@@ -18,7 +18,7 @@ import (
 // The inputs of the output tests, one per writer kind.
 var (
 	onnxFixture        = filepath.Join("..", "onnx", "testdata", "tiny_cnn.onnx")
-	opaqueFixture      = filepath.Join("..", "fixtures", "testdata", "acts", "tanh_net_op13.onnx") // has Tanh, which the runtime does not model
+	opaqueFixture      = filepath.Join("..", "fixtures", "testdata", "acts", "softmax_net_op13.onnx") // has Softmax, which the runtime does not model
 	safetensorsFixture = filepath.Join("..", "fixtures", "testdata", "formats4", "tiny_resnet_basic.safetensors")
 )
 
@@ -303,9 +303,9 @@ func TestErrorClasses(t *testing.T) {
 		{"panic in the ONNX writer (recovered there)", []string{"convert", "-i", onnxFixture, "-o", filepath.Join(dir, "out", "p.onnx")}, "p.onnx", ExitInternal, "p.onnx: writing ONNX: internal error (please report it): injected panic"},
 		{"panic in the pth writer (recovered by Main)", []string{"convert", "-i", resnetFixture, "-o", filepath.Join(dir, "out", "p.pth"), "--emit-module", filepath.Join(dir, "out", "p.py")}, "p.pth", ExitInternal, "internal error (please report it): injected panic"},
 		{"panic writing the report", []string{"convert", "-i", resnetFixture, "-o", filepath.Join(dir, "out", "p.pth"), "--report", filepath.Join(dir, "out", "p.json")}, "p.json", ExitInternal, "internal error"},
-		{"verify: an op the runtime does not model", []string{"verify", "--original", opaqueFixture, "--converted", converted}, "", ExitUnsupported, "does not model these ops yet: Tanh x1"},
-		{"memory: an op the runtime does not model", []string{"memory", opaqueFixture, "--size", "16", "--batch", "2"}, "", ExitUnsupported, `unsupported op "onnx.Tanh"`},
-		{"convert --graph: an op the runtime does not model, refused with no output", []string{"convert", "-i", "../fixtures/testdata/acts/tanh_net.pth", "--graph", opaqueFixture, "-o", filepath.Join(dir, "out", "t.pth"), "--relu", "abn"}, "", ExitUnsupported, "does not support yet, so no module could be emitted and no conversion verified: Tanh x1"},
+		{"verify: an op the runtime does not model", []string{"verify", "--original", opaqueFixture, "--converted", converted}, "", ExitUnsupported, "does not model these ops yet: Softmax x1"},
+		{"memory: an op the runtime does not model", []string{"memory", opaqueFixture, "--size", "16", "--batch", "2"}, "", ExitUnsupported, `unsupported op "onnx.Softmax"`},
+		{"convert --graph: an op the runtime does not model, refused with no output", []string{"convert", "-i", "../fixtures/testdata/acts/softmax_net.pth", "--graph", opaqueFixture, "-o", filepath.Join(dir, "out", "t.pth"), "--relu", "abn"}, "", ExitUnsupported, "does not support yet, so no module could be emitted and no conversion verified: Softmax x1"},
 		{"bad input stays 2", []string{"verify", "--original", filepath.Join(dir, "none.onnx"), "--converted", converted}, "", ExitBadInput, "none.onnx"},
 	}
 	for _, tc := range cases {

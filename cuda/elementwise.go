@@ -3,6 +3,7 @@ package cuda
 import (
 	"fmt"
 
+	"github.com/abnconvert/abnconvert/failure"
 	"github.com/abnconvert/abnconvert/runtime"
 )
 
@@ -106,10 +107,11 @@ func (b *Backend) Mul(dst, x, y runtime.Tensor) error {
 }
 
 // kernelAct refuses activation kinds the kernels do not know (their switch
-// would pass them through as identity).
+// would pass them through as identity), by name and as unsupported (exit
+// 4): Tanh, SELU, CELU, Softplus and Mish run on the CPU backend only.
 func kernelAct(act runtime.Act) error {
 	if act.Kind > runtime.ActGELU {
-		return fmt.Errorf("cuda: activation %s (kind %d) has no kernel", act, int(act.Kind))
+		return failure.Unsupportedf("cuda: activation %s (kind %d) has no CUDA kernel yet; run with --device cpu", act, int(act.Kind))
 	}
 	return nil
 }

@@ -353,7 +353,7 @@ func checkParamless(n *graph.Node) error {
 	info, _ := n.Op.Info()
 	switch n.Op {
 	case graph.OpLeakyReLU, graph.OpELU, graph.OpAdd, graph.OpConcat, graph.OpFlatten:
-	case graph.OpHardtanh, graph.OpHardsigmoid:
+	case graph.OpHardtanh, graph.OpHardsigmoid, graph.OpCELU, graph.OpSoftplus:
 		// The runtime refuses the same attributes with the same words.
 		return info.Check(a)
 	case graph.OpMaxPool, graph.OpAvgPool:

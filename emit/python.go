@@ -387,6 +387,10 @@ func (p *program) nodeLine(n *graph.Node) (string, error) {
 			// ONNX's HardSigmoid with other alpha and beta.
 			expr = fmt.Sprintf("torch.clamp(%s * %s + %s, 0.0, 1.0)", in(0), pyFloat(a.ActParam), pyFloat(a.ActParam2))
 		}
+	case graph.OpCELU:
+		expr = fmt.Sprintf("F.celu(%s, %s)", in(0), pyFloat(a.ActParam))
+	case graph.OpSoftplus:
+		expr = fmt.Sprintf("F.softplus(%s, %s, %s)", in(0), pyFloat(a.ActParam), pyFloat(a.ActParam2))
 	case graph.OpAdd:
 		expr = strings.Join(p.operands(n), " + ")
 	case graph.OpConcat:

@@ -59,6 +59,15 @@ const (
 	OpHardsigmoid Op = "Hardsigmoid"
 	OpHardswish   Op = "Hardswish"
 	OpGELU        Op = "GELU"
+	// Tanh, SELU (torch's fixed alpha and scale), CELU(alpha: ActParam),
+	// Softplus(beta: ActParam, threshold: ActParam2: x where beta*x >
+	// threshold, else log(1 + exp(beta*x)) / beta) and Mish (x *
+	// tanh(softplus(x))), as PyTorch 1.13 computes them.
+	OpTanh     Op = "Tanh"
+	OpSELU     Op = "SELU"
+	OpCELU     Op = "CELU"
+	OpSoftplus Op = "Softplus"
+	OpMish     Op = "Mish"
 
 	// Binary elementwise ops with NumPy broadcasting (a squeeze-and-
 	// excitation gate multiplies (N, C, H, W) by (N, C, 1, 1)). Add also
@@ -622,8 +631,10 @@ func (a Attr) summary(op Op) string {
 		return fmt.Sprintf("%d eps=%g momentum=%g %s(%g)", a.Features, a.Eps, a.Momentum, a.Activation, a.ActParam)
 	case OpLeakyReLU, OpELU:
 		return fmt.Sprintf("%g", a.ActParam)
-	case OpHardtanh, OpHardsigmoid:
+	case OpHardtanh, OpHardsigmoid, OpSoftplus:
 		return fmt.Sprintf("%g, %g", a.ActParam, a.ActParam2)
+	case OpCELU:
+		return fmt.Sprintf("%g", a.ActParam)
 	case OpMaxPool, OpAvgPool:
 		return fmt.Sprintf("k%v s%v p%v ceil=%v", a.KernelSize, a.Stride, a.Padding, a.CeilMode)
 	case OpAdaptiveAvgPool:

@@ -294,6 +294,16 @@ var opTable = [...]OpInfo{
 		Python: "F.hardswish(%s)", ONNX: "HardSwish"},
 	{Op: OpGELU, MinInputs: 1, MaxInputs: 1, Shape: ShapeSame, Saves: SaveInput, Activation: true, Overwritable: true, Channels: ChannelsOfInput,
 		Python: "F.gelu(%s)"},
+	// Tanh keeps its output (tanh_backward); SELU and CELU run through
+	// elu, which keeps its input out of place, as do Softplus and Mish.
+	{Op: OpTanh, MinInputs: 1, MaxInputs: 1, Shape: ShapeSame, Saves: SaveOutput, Activation: true, Channels: ChannelsOfInput,
+		Python: "torch.tanh(%s)", ONNX: "Tanh"},
+	{Op: OpSELU, MinInputs: 1, MaxInputs: 1, Shape: ShapeSame, Saves: SaveInput, Activation: true, Overwritable: true, Channels: ChannelsOfInput,
+		Python: "F.selu(%s)"},
+	{Op: OpCELU, MinInputs: 1, MaxInputs: 1, Shape: ShapeSame, Check: checkCELU, Saves: SaveInput, Activation: true, Overwritable: true, Channels: ChannelsOfInput},
+	{Op: OpSoftplus, MinInputs: 1, MaxInputs: 1, Shape: ShapeSame, Check: checkSoftplus, Saves: SaveInput, Activation: true, Overwritable: true, Channels: ChannelsOfInput},
+	{Op: OpMish, MinInputs: 1, MaxInputs: 1, Shape: ShapeSame, Saves: SaveInput, Activation: true, Overwritable: true, Channels: ChannelsOfInput,
+		Python: "F.mish(%s)", ONNX: "Mish"},
 
 	{Op: OpAdd, MinInputs: 1, MaxInputs: Variadic, Shape: ShapeSum, Overwritable: true, Channels: ChannelsOfInput},
 	{Op: OpMul, MinInputs: 2, MaxInputs: 2, Shape: ShapeBroadcast, Saves: SaveOperands, Overwritable: true,
@@ -382,6 +392,24 @@ func checkHardtanh(a Attr) error {
 func checkHardsigmoid(a Attr) error {
 	if math.IsNaN(a.ActParam) || math.IsNaN(a.ActParam2) || math.IsInf(a.ActParam, 0) || math.IsInf(a.ActParam2, 0) {
 		return fmt.Errorf("alpha %g, beta %g: not finite", a.ActParam, a.ActParam2)
+	}
+	return nil
+}
+
+// checkCELU refuses alpha 0, which torch.celu refuses too (it divides by
+// alpha), and a non-finite one.
+func checkCELU(a Attr) error {
+	if a.ActParam == 0 || math.IsNaN(a.ActParam) || math.IsInf(a.ActParam, 0) {
+		return fmt.Errorf("alpha %g: want a finite, nonzero alpha", a.ActParam)
+	}
+	return nil
+}
+
+// checkSoftplus refuses beta 0 (softplus divides by beta) and non-finite
+// parameters.
+func checkSoftplus(a Attr) error {
+	if a.ActParam == 0 || math.IsNaN(a.ActParam) || math.IsInf(a.ActParam, 0) || math.IsNaN(a.ActParam2) {
+		return fmt.Errorf("beta %g, threshold %g: want a finite, nonzero beta", a.ActParam, a.ActParam2)
 	}
 	return nil
 }

@@ -16,7 +16,12 @@ import (
 //   - Hardswish: Mul(x, HardSigmoid(x)) with alpha 1/6 and beta 1/2, how
 //     torch exports nn.Hardswish before opset 14;
 //   - GELU: Mul(Mul(x, Add(Erf(Div(x, sqrt 2)), 1)), 0.5), how torch
-//     exports the exact nn.GELU before opset 20.
+//     exports the exact nn.GELU before opset 20;
+//   - Mish: Mul(x, Tanh(Softplus(x))), how torch 1.13 exports nn.Mish
+//     (ONNX's Mish is opset 18's);
+//   - Softplus(beta): Div(Softplus(Mul(x, beta)), beta), how torch exports
+//     nn.Softplus with beta other than 1 (its threshold is not exported:
+//     the node is read with torch's default 20, as a bare Softplus is).
 //
 // The last node of a pattern stands for it in the IR; the others leave the
 // IR, and the writer writes all of them as read (a rewrite that renames x
@@ -30,6 +35,9 @@ func (b *builder) fuse() {
 		case n.Op == graph.OpMul:
 			for k := 0; k < 2; k++ {
 				x, gate := n.Inputs[k], n.Inputs[1-k].Producer
+				if b.fuseMish(n, x, gate) {
+					break
+				}
 				if len(gate.Inputs) != 1 || gate.Inputs[0] != x || !b.onlyReader(gate.Out, n) {
 					continue
 				}
@@ -44,8 +52,50 @@ func (b *builder) fuse() {
 			}
 		case n.Op == graph.Op(OpaquePrefix+"Mul"):
 			b.fuseGELU(n)
+		case n.Op == graph.Op(OpaquePrefix+"Div"):
+			b.fuseSoftplusBeta(n)
 		}
 	}
+}
+
+// fuseMish matches Mul(x, Tanh(Softplus(x))) ending in n, gate the Tanh,
+// and absorbs it.
+func (b *builder) fuseMish(n *graph.Node, x *graph.Value, gate *graph.Node) bool {
+	if gate.Op != graph.OpTanh || len(gate.Inputs) != 1 || !b.onlyReader(gate.Out, n) {
+		return false
+	}
+	sp := gate.Inputs[0].Producer
+	if sp.Op != graph.OpSoftplus || sp.Attr.ActParam != 1 || len(sp.Inputs) != 1 || sp.Inputs[0] != x || !b.onlyReader(sp.Out, gate) {
+		return false
+	}
+	b.absorb(n, x, graph.OpMish, sp, gate)
+	return true
+}
+
+// fuseSoftplusBeta matches Div(Softplus(Mul(x, beta)), beta) ending in n,
+// the two constants equal.
+func (b *builder) fuseSoftplusBeta(n *graph.Node) {
+	beta, ok := b.constScalar(n, "Div")
+	if !ok || beta == 0 {
+		return
+	}
+	// Div reads the softplus as its first ONNX input: not beta / softplus.
+	if info := b.m.byIR[n]; len(info.data) != 1 || info.data[0] != 0 {
+		return
+	}
+	sp := n.Inputs[0].Producer
+	if sp.Op != graph.OpSoftplus || sp.Attr.ActParam != 1 || len(sp.Inputs) != 1 || !b.onlyReader(sp.Out, n) {
+		return
+	}
+	mul := sp.Inputs[0].Producer
+	if m, ok := b.constScalar(mul, "Mul"); !ok || float32(m) != float32(beta) || !b.onlyReader(mul.Out, sp) {
+		return
+	}
+	b.absorb(n, mul.Inputs[0], graph.OpSoftplus, mul, sp)
+	// absorb leaves the node attribute-free; Softplus carries beta and
+	// torch's default threshold.
+	n.Attr = graph.Attr{ActParam: decimal32(float32(beta)), ActParam2: 20}
+	b.m.byIR[n].attr = n.Attr
 }
 
 // fuseGELU matches the exact GELU ending in n, Mul(·, 0.5).
@@ -83,23 +133,30 @@ func (b *builder) fuseGELU(n *graph.Node) {
 // input and, as its other input, a scalar constant within float32
 // rounding of want.
 func (b *builder) constOperand(n *graph.Node, op string, want float64) bool {
+	v, ok := b.constScalar(n, op)
+	return ok && math.Abs(v-want) <= 1e-6*want
+}
+
+// constScalar returns the scalar constant operand of n, the opaque ONNX op
+// with one computed input and a constant one.
+func (b *builder) constScalar(n *graph.Node, op string) (float64, bool) {
 	info := b.m.byIR[n]
 	if n.Op != graph.Op(OpaquePrefix+op) || info == nil || len(n.Inputs) != 1 || len(info.data) != 1 {
-		return false
+		return 0, false
 	}
 	p := info.proto
 	if len(p.Input) != 2 || len(p.Attribute) != 0 || len(p.Output) != 1 {
-		return false
+		return 0, false
 	}
 	src, ok := b.param(p, 1-info.data[0])
 	if !ok {
-		return false
+		return 0, false
 	}
 	v, err := src.td.values()
 	if err != nil || len(v) != 1 {
-		return false
+		return 0, false
 	}
-	return math.Abs(v[0]-want) <= 1e-6*want
+	return v[0], true
 }
 
 // onlyReader reports whether n is v's one reader (in the IR, which counts

@@ -9,7 +9,7 @@ import (
 	"github.com/abnconvert/abnconvert/graph"
 )
 
-// TestFuse: the multi-node exports of SiLU, Hardswish and GELU become one
+// TestFuse: the multi-node exports of SiLU, Hardswish, GELU and Mish become one
 // IR node, and only when every inner value stays inside the pattern and
 // the constants are torch's.
 func TestFuse(t *testing.T) {
@@ -31,6 +31,32 @@ func TestFuse(t *testing.T) {
 		b := newModel(13).input("x", 1, 4, 6, 6).output("y")
 		b.node("HardSigmoid", "h", []string{"x"}, []string{"hs"}, aFloat("alpha", alpha))
 		b.node("Mul", "n", []string{"x", "hs"}, []string{"y"})
+		return b
+	}
+	mish := func(spIn string, swap bool) *mb {
+		b := newModel(13).input("x", 1, 4, 6, 6).output("y")
+		b.node("Relu", "r", []string{"x"}, []string{"rx"})
+		b.node("Softplus", "sp", []string{spIn}, []string{"spo"})
+		b.node("Tanh", "t", []string{"spo"}, []string{"th"})
+		in := []string{"x", "th"}
+		if swap {
+			in = []string{"th", "x"}
+		}
+		b.node("Mul", "n", in, []string{"y"})
+		b.output("rx")
+		return b
+	}
+	softplusBeta := func(mul, div float64, swapDiv bool) *mb {
+		b := newModel(13).input("x", 1, 4, 6, 6).output("y")
+		b.init("c_mul", nil, mul)
+		b.init("c_div", nil, div)
+		b.node("Mul", "m", []string{"x", "c_mul"}, []string{"mx"})
+		b.node("Softplus", "sp", []string{"mx"}, []string{"spo"})
+		in := []string{"spo", "c_div"}
+		if swapDiv {
+			in = []string{"c_div", "spo"}
+		}
+		b.node("Div", "n", in, []string{"y"})
 		return b
 	}
 	gelu := func(sqrt2, half float64) *mb {
@@ -56,6 +82,12 @@ func TestFuse(t *testing.T) {
 		{"sigmoid read elsewhere", silu(false, true), graph.OpMul, 0},
 		{"hardswish", hswish(1.0 / 6), graph.OpHardswish, 2},
 		{"hardsigmoid of another alpha", hswish(0.2), graph.OpMul, 3},
+		{"mish", mish("x", false), graph.OpMish, 4},
+		{"mish, tanh first", mish("x", true), graph.OpMish, 4},
+		{"mish of another value", mish("rx", false), graph.OpMul, 6},
+		{"softplus beta 2", softplusBeta(2, 2, false), graph.OpSoftplus, 2},
+		{"softplus, two betas", softplusBeta(2, 3, false), "onnx.Div", 4},
+		{"softplus, beta over it", softplusBeta(2, 2, true), "onnx.Div", 4},
 		{"gelu", gelu(1.4142135623730951, 0.5), graph.OpGELU, 2},
 		{"gelu of another constant", gelu(2, 0.5), "onnx.Mul", 6},
 		{"gelu not halved", gelu(1.4142135623730951, 0.25), "onnx.Mul", 6},
@@ -69,6 +101,9 @@ func TestFuse(t *testing.T) {
 			n := m.Graph.Node("n")
 			if n == nil || n.Op != c.op {
 				t.Fatalf("node n is %v, want %s:\n%s", n, c.op, m.Graph)
+			}
+			if c.op == graph.OpSoftplus && n.Attr != (graph.Attr{ActParam: 2, ActParam2: 20}) {
+				t.Errorf("fused softplus has beta %g, threshold %g, want 2 and 20", n.Attr.ActParam, n.Attr.ActParam2)
 			}
 			if c.nodes != 0 && len(m.Graph.Nodes) != c.nodes {
 				t.Errorf("%d IR nodes, want %d:\n%s", len(m.Graph.Nodes), c.nodes, m.Graph)

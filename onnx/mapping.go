@@ -98,6 +98,25 @@ func (b *builder) modelled(info *nodeInfo) (graph.Op, graph.Attr, string) {
 		return unary(graph.OpLeakyReLU, graph.Attr{ActParam: decimal32(a.float("alpha", 0.01))}, "alpha")
 	case "Elu":
 		return unary(graph.OpELU, graph.Attr{ActParam: decimal32(a.float("alpha", 1))}, "alpha")
+	case "Selu":
+		// torch exports nn.SELU with ONNX's default alpha and gamma, its
+		// own constants rounded to float32; other values are another
+		// function.
+		if a.float("alpha", seluAlpha32) != seluAlpha32 || a.float("gamma", seluGamma32) != seluGamma32 {
+			return "", graph.Attr{}, "alpha or gamma other than torch's SELU constants"
+		}
+		return unary(graph.OpSELU, graph.Attr{}, "alpha", "gamma")
+	case "Celu":
+		alpha := decimal32(a.float("alpha", 1))
+		if alpha == 0 {
+			return "", graph.Attr{}, "alpha 0"
+		}
+		return unary(graph.OpCELU, graph.Attr{ActParam: alpha}, "alpha")
+	case "Softplus":
+		// ONNX's Softplus has no threshold: torch's default 20 gives the
+		// same float32 values (above it log1p(exp(-x)) is below x's
+		// rounding), and torch exports nn.Softplus(beta=1) as this node.
+		return unary(graph.OpSoftplus, graph.Attr{ActParam: 1, ActParam2: 20})
 	case "GlobalAveragePool":
 		return unary(graph.OpAdaptiveAvgPool, graph.Attr{OutputSize: [2]int{1, 1}})
 	case "HardSigmoid":
@@ -150,6 +169,12 @@ func (b *builder) modelled(info *nodeInfo) (graph.Op, graph.Attr, string) {
 // hardSigmoidAlpha is HardSigmoid's alpha, exactly 1/6 when it is the
 // float32 nearest 1/6: torch exports its Hardsigmoid (and the gate of its
 // Hardswish) so.
+// ONNX Selu's default alpha and gamma: torch's SELU constants in float32.
+const (
+	seluAlpha32 float32 = 1.67326319217681884765625
+	seluGamma32 float32 = 1.05070102214813232421875
+)
+
 func hardSigmoidAlpha(f float32) float64 {
 	if f == float32(1.0/6) {
 		return 1.0 / 6

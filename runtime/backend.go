@@ -322,6 +322,11 @@ const (
 	ActHardsigmoid // max(0, min(1, Param*x + Param2))
 	ActHardswish   // x * relu6(x + 3) / 6
 	ActGELU        // x * (1 + erf(x / sqrt 2)) / 2
+	ActTanh        // its backward works from the output
+	ActSELU        // torch's fixed alpha and scale
+	ActCELU        // alpha Param
+	ActSoftplus    // beta Param, threshold Param2
+	ActMish        // x * tanh(softplus(x))
 )
 
 // Act is an activation and its parameters (leaky slope, ELU alpha,
@@ -352,6 +357,16 @@ func (a Act) String() string {
 		return "hardswish"
 	case ActGELU:
 		return "gelu"
+	case ActTanh:
+		return "tanh"
+	case ActSELU:
+		return "selu"
+	case ActCELU:
+		return fmt.Sprintf("celu(%g)", a.Param)
+	case ActSoftplus:
+		return fmt.Sprintf("softplus(%g, %g)", a.Param, a.Param2)
+	case ActMish:
+		return "mish"
 	}
 	return "identity"
 }

@@ -454,7 +454,7 @@ func activate(d, s []float32, act Act) {
 				d[k] = float32(a * math.Expm1(float64(v)))
 			}
 		}
-	case ActHardtanh, ActSigmoid, ActSiLU, ActHardsigmoid, ActHardswish, ActGELU:
+	case ActHardtanh, ActSigmoid, ActSiLU, ActHardsigmoid, ActHardswish, ActGELU, ActTanh, ActSELU, ActCELU, ActSoftplus, ActMish:
 		activateSmooth(d, s, act)
 	default:
 		copy(d, s)
@@ -502,7 +502,7 @@ func activateBackward(d, g, s []float32, act Act, fromOutput bool) {
 				d[k] = g[k] * float32(a*math.Exp(float64(v)))
 			}
 		}
-	case ActHardtanh, ActSigmoid, ActSiLU, ActHardsigmoid, ActHardswish, ActGELU:
+	case ActHardtanh, ActSigmoid, ActSiLU, ActHardsigmoid, ActHardswish, ActGELU, ActTanh, ActSELU, ActCELU, ActSoftplus, ActMish:
 		activateSmoothBackward(d, g, s, act)
 	default:
 		copy(d, g)

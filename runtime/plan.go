@@ -866,6 +866,16 @@ func actOf(nd *graph.Node) Act {
 		return Act{Kind: ActHardswish}
 	case graph.OpGELU:
 		return Act{Kind: ActGELU}
+	case graph.OpTanh:
+		return Act{Kind: ActTanh}
+	case graph.OpSELU:
+		return Act{Kind: ActSELU}
+	case graph.OpCELU:
+		return Act{Kind: ActCELU, Param: a.ActParam}
+	case graph.OpSoftplus:
+		return Act{Kind: ActSoftplus, Param: a.ActParam, Param2: a.ActParam2}
+	case graph.OpMish:
+		return Act{Kind: ActMish}
 	case graph.OpABN, graph.OpInPlaceABN, graph.OpInPlaceABNSync:
 		switch a.Activation {
 		case graph.ActReLU:

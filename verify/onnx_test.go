@@ -121,11 +121,11 @@ func TestONNXCaught(t *testing.T) {
 // TestONNXRefused: models with ops the runtime does not model are refused
 // by name; an ONNX file is only verified against an ONNX file.
 func TestONNXRefused(t *testing.T) {
-	// Tanh: an op the runtime does not model (tiny_cnn's Sigmoid and Mul
+	// Softmax: an op the runtime does not model (tiny_cnn's Sigmoid and Mul
 	// it now runs).
-	opaque := filepath.Join("..", "fixtures", "testdata", "acts", "tanh_net_op13.onnx")
+	opaque := filepath.Join("..", "fixtures", "testdata", "acts", "softmax_net_op13.onnx")
 	_, err := Run(Options{Original: opaque, Converted: convertONNX(t, opaque, "custom", "leaky")})
-	if err == nil || !strings.Contains(err.Error(), "Tanh x1") || !strings.Contains(err.Error(), "tanh_net_op13.onnx") {
+	if err == nil || !strings.Contains(err.Error(), "Softmax x1") || !strings.Contains(err.Error(), "softmax_net_op13.onnx") {
 		t.Errorf("opaque ops: %v", err)
 	}
 	in := onnxFixtures["tiny_cnn"]
