@@ -385,9 +385,9 @@ func (p *plan) segmentInputs(g *graph.Graph, index map[*graph.Node]int, k int) [
 // (k >= 0), values from outside the segment are never overwritten, and
 // readers after the segment do not count: they read the forward's copy.
 func (p *plan) mayOverwrite(g *graph.Graph, index map[*graph.Node]int, nd *graph.Node, i, k int, sto func(int) int) bool {
-	// The row says which ops may (graph.InPlaceRule: an in-place
-	// LeakyReLU or ELU needs a positive parameter, to tell the two
-	// branches apart from the result).
+	// The row says which ops may (graph.InPlaceRule: ReLU and the
+	// InPlace-ABN layers; LeakyReLU and ELU run out of place, as their
+	// modules do by default).
 	if info, _ := nd.Op.Info(); !info.InPlace.Allows(nd.Attr) {
 		return false
 	}
@@ -543,12 +543,6 @@ func (p *plan) planSaves(g *graph.Graph, nd *graph.Node, i int, pp *pass, sto fu
 		// Both operands (every value of a graph requires grad).
 		p.keep(i, in(0))
 		p.keep(i, in(1))
-	case graph.SaveInputOrOutput:
-		if pp.inPlace {
-			p.keep(i, out)
-		} else {
-			p.keep(i, in(0))
-		}
 	case graph.SaveInputIndices:
 		p.keep(i, in(0))
 		p.keep(i, pp.aux[0])
