@@ -449,10 +449,12 @@ func (p *plan) planAux(nd *graph.Node, i int, pp *pass, ev int, reuse *pass) {
 		c := p.shapes[i][1]
 		add([]int{c}, Float32, "batch mean")
 		add([]int{c}, Float32, "batch variance")
-		if info, _ := nd.Op.Info(); info.Saves == graph.SaveInPlaceABN {
+		if info, _ := nd.Op.Info(); info.Saves == graph.SaveInPlaceABN && nd.Residual() == nil {
 			// inplace_abn's InPlaceABN counts the samples per channel
 			// in a one-element int64 tensor and keeps it for its
-			// backward (8 bytes PyTorch's hooks see per layer).
+			// backward (8 bytes PyTorch's hooks see per layer); the
+			// emitted module's fused residual add (_inplace_abn_add)
+			// has no such tensor.
 			add([]int{1}, Int64, "sample count")
 		}
 	case nd.Op == graph.OpMaxPool && p.save:
@@ -533,14 +535,16 @@ func (p *plan) planSaves(g *graph.Graph, nd *graph.Node, i int, pp *pass, sto fu
 		}
 	case graph.SaveInPlaceABN:
 		// The output z, the variance and the sample count; the mean is
-		// not needed. With a
-		// residual, z is the sum, and the residual too, to recover the
+		// not needed. With a residual, z is the sum, and the residual
+		// too (no sample count: see planAux), to recover the
 		// normalised output from it (the block's first layer keeps that
 		// tensor already, so it costs nothing more).
 		p.keep(i, out)
 		if p.training {
 			p.keep(i, pp.aux[1])
-			p.keep(i, pp.aux[2])
+			if len(pp.aux) > 2 {
+				p.keep(i, pp.aux[2]) // the sample count
+			}
 		}
 		if nd.Residual() != nil {
 			p.keep(i, in(1))
