@@ -81,6 +81,7 @@ interop: build
 	$(PYTHON) fixtures/weights_only.py check --bin $(BIN)
 	$(PYTHON) fixtures/tinygamma.py check --bin $(BIN)
 	$(PYTHON) fixtures/messages.py check --bin $(BIN)
+	$(PYTHON) fixtures/memory_cases.py check --bin $(BIN)
 
 # inspect --security's verdicts and the training-tool checkpoints checked
 # against real torch 1.13 and torch 2.6 (the chroot is required here).

@@ -88,10 +88,10 @@ func TestOpTable(t *testing.T) {
 		if r.ABNAct != "" && !r.Activation {
 			t.Errorf("row %s: fuses into ABN as %s but is not an activation", r.Op, r.ABNAct)
 		}
-		if r.Overwritable && (r.View || r.Saves == SaveOutput || r.Saves == SaveInPlaceABN || r.Saves == SaveInputOrOutput) {
+		if r.Overwritable && (r.View || r.Saves == SaveOutput || r.Saves == SaveInPlaceABN) {
 			t.Errorf("row %s: overwritable, but its output is a view or kept for its backward", r.Op)
 		}
-		if r.InPlace != InPlaceNever && r.Saves != SaveOutput && r.Saves != SaveInputOrOutput && r.Saves != SaveInPlaceABN {
+		if r.InPlace != InPlaceNever && r.Saves != SaveOutput && r.Saves != SaveInPlaceABN {
 			t.Errorf("row %s: runs in place, so its backward can only have its output (saves rule %d)", r.Op, r.Saves)
 		}
 		if (r.Shape == ShapeNorm) != (r.Params == ParamsNorm) {

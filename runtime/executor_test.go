@@ -65,6 +65,9 @@ func (h *hand) linear(name string, x *graph.Value, in, out int) *graph.Value {
 // 5x5: one activation is 800 bytes.
 func TestSavedBytes(t *testing.T) {
 	const act = 2 * 4 * 5 * 5 * 4
+	// count is InPlaceABN's one-element int64 sample count, which
+	// inplace_abn keeps for its backward.
+	const count = 8
 	tests := []struct {
 		name  string
 		build func(h *hand)
@@ -77,11 +80,11 @@ func TestSavedBytes(t *testing.T) {
 			x = h.g.Add("relu", graph.OpReLU, graph.Attr{}, nil, x)
 			h.conv("c2", x, 4, 4, 3, 1)
 		}, []int{2, 4, 5, 5}, act + act + 2*16 + act},
-		{"inplace-abn keeps z, shared with the next conv's input, and the variance", func(h *hand) {
+		{"inplace-abn keeps z, shared with the next conv's input, the variance and the sample count", func(h *hand) {
 			x := h.conv("c1", h.g.Input, 4, 4, 3, 1)
 			x = h.norm("abn", graph.OpInPlaceABN, x, 4, graph.ActLeakyReLU, 0.01)
 			h.conv("c2", x, 4, 4, 3, 1)
-		}, []int{2, 4, 5, 5}, act + act + 16},
+		}, []int{2, 4, 5, 5}, act + act + 16 + count},
 		{"abn keeps its input, statistics and output", func(h *hand) {
 			x := h.conv("c1", h.g.Input, 4, 4, 3, 1)
 			x = h.norm("abn", graph.OpABN, x, 4, graph.ActReLU, 0)
@@ -96,18 +99,18 @@ func TestSavedBytes(t *testing.T) {
 			x = h.norm("abn", graph.OpInPlaceABN, x, 4, graph.ActIdentity, 0)
 			x = h.g.Add("act", graph.OpLeakyReLU, graph.Attr{ActParam: -0.1}, nil, x)
 			h.conv("c2", x, 4, 4, 3, 1)
-		}, []int{2, 4, 5, 5}, act + act + 16 + act},
+		}, []int{2, 4, 5, 5}, act + act + 16 + count + act},
 		{"a negative-alpha elu likewise", func(h *hand) {
 			x := h.conv("c1", h.g.Input, 4, 4, 3, 1)
 			x = h.norm("abn", graph.OpInPlaceABN, x, 4, graph.ActIdentity, 0)
 			x = h.g.Add("act", graph.OpELU, graph.Attr{ActParam: -0.5}, nil, x)
 			h.conv("c2", x, 4, 4, 3, 1)
-		}, []int{2, 4, 5, 5}, act + act + 16 + act},
+		}, []int{2, 4, 5, 5}, act + act + 16 + count + act},
 		{"inplace-abn on a shared input works on a copy", func(h *hand) {
 			c := h.conv("c1", h.g.Input, 4, 4, 3, 1)
 			x := h.norm("abn", graph.OpInPlaceABN, c, 4, graph.ActIdentity, 0)
 			h.g.Add("add", graph.OpAdd, graph.Attr{}, nil, x, c)
-		}, []int{2, 4, 5, 5}, act + act + 16},
+		}, []int{2, 4, 5, 5}, act + act + 16 + count},
 		{"max pool keeps its input and int64 indices", func(h *hand) {
 			x := h.conv("c1", h.g.Input, 4, 4, 3, 1)
 			h.g.Add("pool", graph.OpMaxPool, graph.Attr{KernelSize: [2]int{2, 2}, Stride: [2]int{2, 2}}, nil, x)

@@ -55,7 +55,7 @@ func buildCase(c opCase) (*graph.Graph, *graph.MemWeights) {
 	x := g.Input
 	var res *graph.Value
 	switch c.Graph {
-	case "conv", "residual":
+	case "conv", "residual", "then_conv", "then_pool", "then_add", "then_leaky":
 		if c.Graph == "residual" {
 			res = x
 		}
@@ -90,12 +90,26 @@ func buildCase(c opCase) (*graph.Graph, *graph.MemWeights) {
 	if len(params) == 0 {
 		params = nil
 	}
+	var y *graph.Value
 	if res != nil {
-		g.Add("op", graph.Op(c.Op), c.Attr, params, x, res)
+		y = g.Add("op", graph.Op(c.Op), c.Attr, params, x, res)
 	} else {
-		g.Add("op", graph.Op(c.Op), c.Attr, params, x)
+		y = g.Add("op", graph.Op(c.Op), c.Attr, params, x)
 	}
 	g.Node("op").Sign = c.Sign
+	// What reads the op's output next (fixtures/ops.py saved_chains).
+	switch c.Graph {
+	case "then_conv":
+		ch := c.Input.Shape[1]
+		g.Add("post", graph.OpConv, graph.Attr{KernelSize: [2]int{1, 1}, Stride: [2]int{1, 1}, Dilation: [2]int{1, 1},
+			Groups: 1, InChannels: ch, OutChannels: ch}, map[string]string{graph.RoleWeight: "post.weight"}, y)
+	case "then_pool":
+		g.Add("post", graph.OpMaxPool, graph.Attr{KernelSize: [2]int{2, 2}, Stride: [2]int{2, 2}}, nil, y)
+	case "then_add":
+		g.Add("post", graph.OpAdd, graph.Attr{}, nil, y, x)
+	case "then_leaky":
+		g.Add("post", graph.OpLeakyReLU, graph.Attr{ActParam: 0.3}, nil, y)
+	}
 	return g, w
 }
 

@@ -74,7 +74,9 @@ func TestOpTableShapes(t *testing.T) {
 // TestOpTableSaves checks that every row's saved-for-backward rule has been
 // measured against PyTorch's saved-tensor hooks: a case of ops.json.gz with
 // the figure (TestOpsAgainstTorch compares it with the runtime's), any case
-// of layout_ops.json.gz (all carry it), or a test of its own named here.
+// of layout_ops.json.gz (all carry it), or a test of its own named here;
+// and every activation's before each kind of reader (a convolution, a
+// max-pool, an Add, another activation).
 func TestOpTableSaves(t *testing.T) {
 	var ops struct {
 		Cases []opCase `json:"cases"`
@@ -93,9 +95,19 @@ func TestOpTableSaves(t *testing.T) {
 		graph.OpInPlaceABNSync:  "InPlaceABN's rule (TestSavedBytes)",
 		graph.OpStochasticDepth: "TestStochasticDepthSaved",
 	}
+	// chains lists, per activation, the readers of its output it was
+	// measured before (fixtures/ops.py saved_chains): whether the pair
+	// keeps one storage or two depends on both rules.
+	chains := map[graph.Op]map[string]bool{}
 	for _, c := range ops.Cases {
 		if c.SavedElems != nil || c.SavedBytes != nil {
 			measured[graph.Op(c.Op)] = c.Name
+			if strings.HasPrefix(c.Graph, "then_") {
+				if chains[graph.Op(c.Op)] == nil {
+					chains[graph.Op(c.Op)] = map[string]bool{}
+				}
+				chains[graph.Op(c.Op)][c.Graph] = true
+			}
 		}
 	}
 	for _, c := range layout.Cases {
@@ -104,6 +116,14 @@ func TestOpTableSaves(t *testing.T) {
 	for _, r := range graph.Ops() {
 		if measured[r.Op] == "" {
 			t.Errorf("op %s: its saves rule (%d) has no case measured by PyTorch's saved-tensor hooks (fixtures/ops.py saved())", r.Op, r.Saves)
+		}
+		if !r.Activation {
+			continue
+		}
+		for _, then := range []string{"then_conv", "then_pool", "then_add", "then_leaky"} {
+			if !chains[r.Op][then] {
+				t.Errorf("activation %s: no %s case measured by PyTorch's saved-tensor hooks (fixtures/ops.py saved_chains())", r.Op, then)
+			}
 		}
 	}
 }

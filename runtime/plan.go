@@ -385,9 +385,9 @@ func (p *plan) segmentInputs(g *graph.Graph, index map[*graph.Node]int, k int) [
 // (k >= 0), values from outside the segment are never overwritten, and
 // readers after the segment do not count: they read the forward's copy.
 func (p *plan) mayOverwrite(g *graph.Graph, index map[*graph.Node]int, nd *graph.Node, i, k int, sto func(int) int) bool {
-	// The row says which ops may (graph.InPlaceRule: an in-place
-	// LeakyReLU or ELU needs a positive parameter, to tell the two
-	// branches apart from the result).
+	// The row says which ops may (graph.InPlaceRule: ReLU and the
+	// InPlace-ABN layers; LeakyReLU and ELU run out of place, as their
+	// modules do by default).
 	if info, _ := nd.Op.Info(); !info.InPlace.Allows(nd.Attr) {
 		return false
 	}
@@ -449,6 +449,14 @@ func (p *plan) planAux(nd *graph.Node, i int, pp *pass, ev int, reuse *pass) {
 		c := p.shapes[i][1]
 		add([]int{c}, Float32, "batch mean")
 		add([]int{c}, Float32, "batch variance")
+		if info, _ := nd.Op.Info(); info.Saves == graph.SaveInPlaceABN && nd.Residual() == nil {
+			// inplace_abn's InPlaceABN counts the samples per channel
+			// in a one-element int64 tensor and keeps it for its
+			// backward (8 bytes PyTorch's hooks see per layer); the
+			// emitted module's fused residual add (_inplace_abn_add)
+			// has no such tensor.
+			add([]int{1}, Int64, "sample count")
+		}
 	case nd.Op == graph.OpMaxPool && p.save:
 		add(p.shapes[i], Int64, "argmax indices")
 	case nd.Op == graph.OpDropout && p.training:
@@ -526,13 +534,17 @@ func (p *plan) planSaves(g *graph.Graph, nd *graph.Node, i int, pp *pass, sto fu
 			p.keep(i, out)
 		}
 	case graph.SaveInPlaceABN:
-		// The output z and the variance; the mean is not needed. With a
-		// residual, z is the sum, and the residual too, to recover the
+		// The output z, the variance and the sample count; the mean is
+		// not needed. With a residual, z is the sum, and the residual
+		// too (no sample count: see planAux), to recover the
 		// normalised output from it (the block's first layer keeps that
 		// tensor already, so it costs nothing more).
 		p.keep(i, out)
 		if p.training {
 			p.keep(i, pp.aux[1])
+			if len(pp.aux) > 2 {
+				p.keep(i, pp.aux[2]) // the sample count
+			}
 		}
 		if nd.Residual() != nil {
 			p.keep(i, in(1))
@@ -543,12 +555,6 @@ func (p *plan) planSaves(g *graph.Graph, nd *graph.Node, i int, pp *pass, sto fu
 		// Both operands (every value of a graph requires grad).
 		p.keep(i, in(0))
 		p.keep(i, in(1))
-	case graph.SaveInputOrOutput:
-		if pp.inPlace {
-			p.keep(i, out)
-		} else {
-			p.keep(i, in(0))
-		}
 	case graph.SaveInputIndices:
 		p.keep(i, in(0))
 		p.keep(i, pp.aux[0])

@@ -15,9 +15,10 @@
 // What the runtime keeps for backward mirrors PyTorch 1.13's autograd for the
 // original layers (so its saved_bytes figure compares with PyTorch's
 // saved-tensor hooks), and the InPlace-ABN paper for the converted ones: an
-// InPlace-ABN node overwrites its input with its output z and keeps only z
-// and the batch variance; its backward inverts the activation to recover the
-// normalised input. DenseNet layers marked by Node.Recompute keep neither
+// InPlace-ABN node overwrites its input with its output z and keeps only z,
+// the batch variance and, as inplace_abn does, its one-element sample count
+// (the emitted fused residual add keeps none); its backward inverts the
+// activation to recover the normalised input. DenseNet layers marked by Node.Recompute keep neither
 // their concatenation nor their ABN output: both live in two shared buffers
 // and are rebuilt in the backward pass from the batch statistics saved in the
 // forward pass, so running statistics are updated once.
