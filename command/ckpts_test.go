@@ -50,7 +50,7 @@ func TestTrainingCheckpoints(t *testing.T) {
 					t.Errorf("output refused by torch %s: %s", v.Torch, v.Reason)
 				}
 			}
-			if code, stdout, stderr := run("verify", "--original", in, "--converted", out, "-q"); code != 0 || !strings.Contains(stdout, "PRESERVED") {
+			if code, stdout, stderr := run("verify", "--original", in, "--converted", out, "-q"); code != 0 || !verdictOK(stdout) {
 				t.Errorf("verify: exit %d: %s\n%s", code, stderr, stdout)
 			}
 			if code, _, stderr := run("revert", "-i", out, "-o", back, "--report", rep, "-q"); code != 0 {

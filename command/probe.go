@@ -61,15 +61,18 @@ func writeProbe(w io.Writer, r *verify.Result) {
 	fmt.Fprintf(w, "  probe: %d running statistics compared: %d passed, %d failed%s\n", stats, stats-statFail-statSkip, statFail, more)
 }
 
-// verdict is the verdict's last line. PRESERVED alone means the outputs
-// are the original's (up to float rounding); a conversion that declared
-// approximations (--relu leaky, the default, changes outputs by design)
-// says so in the same line with how far they moved, so that PRESERVED is
-// not read as "outputs unchanged".
+// verdict is the verdict's last line. Its first words say what kind of
+// success it is: PRESERVED means the outputs are the original's (up to
+// float rounding); CONVERTED AS SPECIFIED means the conversion declared
+// approximations (--relu leaky, the default, changes outputs by design;
+// --tiny-gamma approx) and is exact apart from them, with how far they
+// moved the outputs, so that no one reads "outputs unchanged" into it.
+// Both exit 0; NOT PRESERVED exits 1.
 func verdict(r *verify.Result, skipped string) string {
-	promised := "the converted checkpoint computes what the conversion promised"
+	head, promised := "PRESERVED", "the converted checkpoint computes what the conversion promised"
 	if !r.Exact {
-		promised = fmt.Sprintf("the conversion is exact apart from the declared approximations (%s)", r.Approximations)
+		head = "CONVERTED AS SPECIFIED"
+		promised = fmt.Sprintf("outputs changed on purpose by the declared approximations, and only by them (%s)", r.Approximations)
 	}
 	switch {
 	case !r.Preserved && r.Probe != nil && r.Probe.Cause != "":
@@ -77,11 +80,11 @@ func verdict(r *verify.Result, skipped string) string {
 	case !r.Preserved:
 		return fmt.Sprintf("NOT PRESERVED: %d check(s) failed: %s", len(r.Failed), strings.Join(r.Failed, ", "))
 	case r.Conditional:
-		return fmt.Sprintf("PRESERVED, assuming %s: %s; a network modified in ways that keep keys and shapes would pass too; record a probe with python/abnexport.py and pass --probe%s", r.Assumption, promised, skipped)
+		return fmt.Sprintf("%s, assuming %s: %s; a network modified in ways that keep keys and shapes would pass too; record a probe with python/abnexport.py and pass --probe%s", head, r.Assumption, promised, skipped)
 	case r.Probe != nil:
-		return fmt.Sprintf("PRESERVED: %s, and the original's rebuild computes what PyTorch computed on your model%s", promised, skipped)
+		return fmt.Sprintf("%s: %s, and the original's rebuild computes what PyTorch computed on your model%s", head, promised, skipped)
 	}
-	return fmt.Sprintf("PRESERVED: %s%s", promised, skipped)
+	return fmt.Sprintf("%s: %s%s", head, promised, skipped)
 }
 
 // summarize joins the first n names and counts the rest.
