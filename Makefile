@@ -9,7 +9,7 @@ LDFLAGS := -X github.com/abnconvert/abnconvert/command.Version=$(VERSION)
 # 0.5 ms: 5.3 to 4.6 ms for `abnconvert --version` (hyperfine, 200 runs).
 TAGS    := urfave_cli_no_docs
 
-.PHONY: build demo test gotest platforms race pytest interop interop-big interop-structure security-torch26 zoo zoo-all zoo-memory verify-fixtures deps fixtures bench clean cuda cuda-test cuda-emu ptx gpu-bench emudriver gpu-emulated torch26 interop-torch26 onnxruntime
+.PHONY: build demo test gotest platforms quickstart race pytest interop interop-big interop-structure security-torch26 zoo zoo-all zoo-memory verify-fixtures deps fixtures bench clean cuda cuda-test cuda-emu ptx gpu-bench emudriver gpu-emulated torch26 interop-torch26 onnxruntime
 
 build:
 	$(GO) build -tags $(TAGS) -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/abnconvert
@@ -33,9 +33,17 @@ verify-fixtures: build
 			tail -1 out/$$n.$$relu.verify.txt | sed "s|^|$$n --relu $$relu: |"; \
 		done; done
 
+# The README's quick start, run as written (the block between its
+# quickstart markers), in a shell that stops at the first failing command,
+# with Debian's python3 (torch) first on PATH.
+quickstart:
+	@sed -n '/^<!-- quickstart -->$$/,/^<!-- \/quickstart -->$$/p' README.md | sed '/^```/d;/^<!--/d' > /tmp/abn-quickstart.sh
+	@test -s /tmp/abn-quickstart.sh || { echo "README.md has no quickstart block"; exit 1; }
+	PATH=$(dir $(PYTHON)):$$PATH bash -e /tmp/abn-quickstart.sh
+
 # Everything: Go unit and golden tests, the stand-in's tests against autograd,
 # and the interop test (real PyTorch loads and reproduces what Go wrote).
-test: deps build gotest pytest verify-fixtures interop
+test: deps build gotest pytest verify-fixtures quickstart interop
 
 # go test's output read by .ci/gotest.py: each package's closing line, the
 # output of failing tests, and every skipped test with its reason; a skip
