@@ -41,3 +41,25 @@ func TestMemoryRefusesOverflow(t *testing.T) {
 		t.Fatalf("batch 1024 at 1024x1024: exit %d: %s", code, stderr)
 	}
 }
+
+// TestSyncWarning: --sync with sites that stay ABN (no synchronised form
+// in inplace_abn) says how many and what that means (issue 45); without
+// --sync, or when every site is in place, nothing is said.
+func TestSyncWarning(t *testing.T) {
+	fixture := "../fixtures/testdata/tiny_resnet_basic.pth"
+	dir := t.TempDir()
+	code, stdout, stderr := run("-i", fixture, "-o", dir+"/a.pth", "--sync", "--relu", "abn")
+	if code != 0 || !strings.Contains(stdout+stderr, "WARNING: --sync: 7 of 14 sites are ABN") || !strings.Contains(stdout+stderr, "CUDA only") {
+		t.Errorf("--sync --relu abn: exit %d, no warning naming the 7 ABN sites:\n%s%s", code, stdout, stderr)
+	}
+	// Under --relu leaky the ReLU sites are in place; one site stays ABN
+	// (the reason is in its row) and is still named.
+	code, stdout, stderr = run("-i", fixture, "-o", dir+"/b.pth", "--sync", "--relu", "leaky")
+	if code != 0 || !strings.Contains(stdout+stderr, "WARNING: --sync: 1 of 14 sites are ABN") {
+		t.Errorf("--sync --relu leaky: exit %d, want the one ABN site named:\n%s%s", code, stdout, stderr)
+	}
+	code, stdout, stderr = run("-i", fixture, "-o", dir+"/c.pth", "--relu", "abn")
+	if code != 0 || strings.Contains(stdout+stderr, "WARNING: --sync") {
+		t.Errorf("without --sync: exit %d, warned anyway:\n%s%s", code, stdout, stderr)
+	}
+}

@@ -227,8 +227,28 @@ func (st *State) report() *Report {
 	if n := r.Summary.TinyGammaFallback; n > 0 {
 		r.Warnings = append(r.Warnings, tinyGammaWarning(n))
 	}
+	if st.opt.Sync {
+		notSynced := 0
+		for _, s := range st.sites {
+			if s.op == graph.OpABN {
+				notSynced++
+			}
+		}
+		if notSynced > 0 {
+			r.Warnings = append(r.Warnings, syncWarning(notSynced, len(st.sites)))
+		}
+	}
 	r.Warnings = append(r.Warnings, st.warn...)
 	return r
+}
+
+// syncWarning: --sync makes the in-place sites InPlaceABNSync, but
+// inplace_abn has no synchronised ABN, so the sites kept out of place (a
+// ReLU under --relu abn, a tiny gamma, an input that may not be
+// overwritten) normalise with their own rank's batch statistics. Said,
+// since a user asking for --sync expects every layer synchronised.
+func syncWarning(n, total int) string {
+	return fmt.Sprintf("WARNING: --sync: %d of %d sites are ABN (not in place), which inplace_abn has no synchronised form of: they normalise with each rank's own batch statistics (--relu leaky makes the ReLU sites InPlaceABNSync, changing outputs); InPlaceABNSync runs on CUDA only (inplace_abn has no CPU kernel for its statistics reduction)", n, total)
 }
 
 // tinyGammaWarning is the one line for the sites kept out of place by
