@@ -11,22 +11,18 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH=/usr/local/go/bin:$PATH
 FUZZTIME=${FUZZTIME:-20s}
-# Every fuzz target of the module, discovered: `go test -list` names the
-# Fuzz functions of each package (a target added anywhere runs without
-# editing this file).
+# Every fuzz target of the module, discovered from the sources (a target
+# added anywhere runs without editing this file): each `func FuzzX(f
+# *testing.F)` in a _test.go file, with its package's directory. (Not
+# `go test -list`: a package whose TestMain checks what its tests ran,
+# as cuda's does, fails a run that lists only.)
 TARGETS=()
-pkgs=$(go list -f '{{if or .TestGoFiles .XTestGoFiles}}{{.ImportPath}}{{end}}' ./... | sed 's|^github.com/abnconvert/abnconvert|.|')
-for pkg in $pkgs; do
-	if ! names=$(go test "$pkg" -list '^Fuzz'); then
-		echo "fuzz: go test $pkg -list failed" >&2
-		exit 1
-	fi
-	for name in $names; do
-		[[ $name == Fuzz* ]] && TARGETS+=("$pkg $name")
-	done
-done
+while IFS=: read -r file name; do
+	TARGETS+=("./$(dirname "${file#./}") $name")
+done < <(grep -rHo --include='*_test.go' --exclude-dir=testdata '^func Fuzz[A-Za-z0-9_]*([A-Za-z_]* \*testing\.F)' . |
+	sed 's/^\(.*\):func \(Fuzz[A-Za-z0-9_]*\)(.*/\1:\2/' | sort -u)
 if [ ${#TARGETS[@]} -eq 0 ]; then
-	echo "fuzz: no fuzz target found (go test -list failed?)" >&2
+	echo "fuzz: no fuzz target found (no func FuzzX(f *testing.F) in a _test.go file)" >&2
 	exit 1
 fi
 echo "fuzz: ${#TARGETS[@]} targets: ${TARGETS[*]}"
